@@ -1,0 +1,173 @@
+/**
+ * The composition root: builds every part of the agent from its configuration, starts them in
+ * order and stops them in reverse. Only the CLI and tests import this file.
+ *
+ * Start order: data dir and keys first (everything signs or hashes with them), then the store
+ * (it must be open before the API can answer), then the API. Stop order is the reverse, and the
+ * API is closed first so that in-flight requests finish while the store is still open.
+ */
+import { createPrivateKey, type KeyObject, randomBytes } from 'node:crypto';
+import { mkdirSync, readFileSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import type { FastifyInstance } from 'fastify';
+import pino, { type Logger } from 'pino';
+import { buildApp, type HealthReport } from './api/app.js';
+import { AccessTokens } from './auth/access-tokens.js';
+import { Credentials } from './auth/credentials.js';
+import { FailureThrottle } from './auth/failure-throttle.js';
+import { SecretHasher } from './auth/secret-hash.js';
+import { TokenEndpoint } from './auth/token-endpoint.js';
+import { ClusterCredential } from './cluster/cluster-credential.js';
+import { Identity } from './cluster/identity.js';
+import { type Clock, systemClock } from './domain/clock.js';
+import { generateLicenseKeyPair } from './license/sign.js';
+import { loadOrCreateSecretFile } from './store/key-files.js';
+import { Store } from './store/store.js';
+
+export interface AgentConfig {
+  listenHost: string;
+  listenPort: number;
+  /** host:port other agents use; the local peer's address. */
+  advertise: string;
+  dataDir: string;
+  /** Trusted license verification keys, already parsed. */
+  licenseKeys: KeyObject[];
+  publicUrl: string;
+  tls?: { cert: Buffer; key: Buffer } | undefined;
+  logLevel: string;
+  /** Where log lines go; stdout when absent. */
+  logDestination?: NodeJS.WritableStream | undefined;
+  clock?: Clock;
+}
+
+export const DATABASE_FILE = 'mesh-agent.db';
+export const IDENTITY_KEY_FILE = 'identity.key';
+export const TOKEN_KEY_FILE = 'token-signing.key';
+export const SECRET_HASH_KEY_FILE = 'secret-hash.key';
+
+export const AGENT_VERSION: string = (
+  JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string }
+).version;
+
+export interface RunningAgent {
+  app: FastifyInstance;
+  store: Store;
+  identity: Identity;
+  logger: Logger;
+  /** The bound address, e.g. for port 0 in tests. */
+  url: string;
+  stop(): Promise<void>;
+}
+
+export function createLogger(level: string, destination?: NodeJS.WritableStream): Logger {
+  return pino(
+    {
+      level,
+      // Secrets never reach a log line: the request serializer omits headers and bodies, and
+      // these paths cover any object a module might log by mistake.
+      redact: {
+        paths: [
+          'req.headers.authorization',
+          '*.client_secret',
+          '*.access_token',
+          '*.authorization',
+          'client_secret',
+          'access_token',
+        ],
+        censor: '[redacted]',
+      },
+    },
+    destination ?? process.stdout,
+  );
+}
+
+export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
+  const clock = config.clock ?? systemClock;
+  const logger = createLogger(config.logLevel, config.logDestination);
+  const dataDir = resolve(config.dataDir);
+  mkdirSync(dataDir, { recursive: true, mode: 0o700 });
+
+  const identity = new Identity(
+    loadOrCreateSecretFile(join(dataDir, IDENTITY_KEY_FILE), Identity.generatePem),
+  );
+  const tokenKey = createPrivateKey(
+    loadOrCreateSecretFile(join(dataDir, TOKEN_KEY_FILE), () => generateLicenseKeyPair().privatePem),
+  );
+  const hasher = new SecretHasher(
+    Buffer.from(
+      loadOrCreateSecretFile(join(dataDir, SECRET_HASH_KEY_FILE), () => randomBytes(32).toString('base64')),
+      'base64',
+    ),
+  );
+
+  const store = new Store(join(dataDir, DATABASE_FILE));
+  let stopping = false;
+  try {
+    const tokens = await AccessTokens.create(tokenKey, config.publicUrl, audienceFor(identity.peerId), clock);
+    const health = (): HealthReport => {
+      const liveReasons: string[] = [];
+      try {
+        store.db.prepare('SELECT 1').get();
+      } catch {
+        liveReasons.push('the database cannot be read');
+      }
+      return { liveReasons, readyReasons: stopping ? ['the agent is shutting down'] : [] };
+    };
+    const app = await buildApp({
+      store,
+      identity,
+      tokens,
+      tokenEndpoint: new TokenEndpoint(store, hasher, tokens, new FailureThrottle(clock), clock),
+      credentials: new Credentials(store, hasher, clock),
+      clusterCredential: new ClusterCredential(store, clock),
+      bootstrap: {
+        store,
+        identity,
+        hasher,
+        trustedLicenseKeys: config.licenseKeys,
+        clock,
+        advertiseAddress: config.advertise,
+      },
+      clock,
+      publicUrl: config.publicUrl,
+      version: AGENT_VERSION,
+      health,
+      logger,
+      https: config.tls,
+    });
+    await app.listen({ host: config.listenHost, port: config.listenPort });
+    const address = app.server.address();
+    const port = typeof address === 'object' && address ? address.port : config.listenPort;
+    const host = config.listenHost.includes(':') ? `[${config.listenHost}]` : config.listenHost;
+    const url = `${config.tls ? 'https' : 'http'}://${host}:${port}`;
+    logger.info(
+      { url, peer_id: identity.peerId, data_dir: dataDir, version: AGENT_VERSION },
+      'agent listening',
+    );
+    if (config.licenseKeys.length === 0) {
+      logger.warn(
+        'no license signing key is trusted: bootstrap will be refused (use --license-public-key or --dev)',
+      );
+    }
+    return {
+      app,
+      store,
+      identity,
+      logger,
+      url,
+      async stop() {
+        if (stopping) return;
+        stopping = true;
+        await app.close();
+        store.close();
+        logger.info('agent stopped');
+      },
+    };
+  } catch (err) {
+    store.close();
+    throw err;
+  }
+}
+
+/** The `aud` of this agent's tokens: bound to its peer id, so no other agent accepts them. */
+export const audienceFor = (peerId: string): string => `urn:mesh-agent:peer:${peerId}`;

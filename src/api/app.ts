@@ -1,0 +1,167 @@
+/**
+ * The management API as a Fastify app built from its dependencies (no globals, no I/O of its
+ * own beyond HTTP), so tests build it on port 0 and the agent builds it once.
+ */
+import { randomUUID } from 'node:crypto';
+import swagger from '@fastify/swagger';
+import { Ajv } from 'ajv';
+import addFormats from 'ajv-formats';
+import Fastify, { type FastifyInstance, type FastifyServerOptions } from 'fastify';
+import type { Logger } from 'pino';
+import type { AccessTokens } from '../auth/access-tokens.js';
+import type { Credentials } from '../auth/credentials.js';
+import type { TokenEndpoint } from '../auth/token-endpoint.js';
+import type { BootstrapDeps } from '../cluster/bootstrap.js';
+import type { ClusterCredential } from '../cluster/cluster-credential.js';
+import type { Identity } from '../cluster/identity.js';
+import type { Clock } from '../domain/clock.js';
+import { ApiError } from '../domain/errors.js';
+import { ALL_SCOPES } from '../domain/scopes.js';
+import type { Store } from '../store/store.js';
+import { makeAuthorizeHook } from './authorize.js';
+import { replyWithError } from './error-reply.js';
+import { ROUTE_SCOPES, routeKey } from './route-scopes.js';
+import { registerBootstrapRoutes } from './routes/bootstrap.js';
+import { registerClusterRoutes } from './routes/cluster.js';
+import { registerCredentialRoutes } from './routes/credentials.js';
+import { registerHealthRoutes } from './routes/health.js';
+import { registerOAuthRoutes } from './routes/oauth.js';
+import { registerPeerRoutes } from './routes/peers.js';
+
+export interface HealthReport {
+  /** Why the process cannot serve at all (empty when live). */
+  liveReasons: string[];
+  /** Why it should not take traffic now (empty when ready). */
+  readyReasons: string[];
+}
+
+export interface AppDeps {
+  store: Store;
+  identity: Identity;
+  tokens: AccessTokens;
+  tokenEndpoint: TokenEndpoint;
+  credentials: Credentials;
+  clusterCredential: ClusterCredential;
+  bootstrap: BootstrapDeps;
+  clock: Clock;
+  publicUrl: string;
+  version: string;
+  health: () => HealthReport;
+  logger: Logger;
+  https?: { cert: Buffer; key: Buffer } | undefined;
+}
+
+export const BODY_LIMIT_BYTES = 1024 * 1024;
+const ALL_METHODS = ['GET', 'POST', 'PUT', 'DELETE', 'PATCH'] as const;
+
+export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
+  const options: FastifyServerOptions = {
+    loggerInstance: deps.logger,
+    bodyLimit: BODY_LIMIT_BYTES,
+    // A caller's request id is kept when it is short and plain, so it can be followed across
+    // agents; anything else is replaced rather than written into the log.
+    genReqId: (req) => {
+      const given = req.headers['x-request-id'];
+      return typeof given === 'string' && /^[A-Za-z0-9._-]{1,64}$/.test(given) ? given : randomUUID();
+    },
+    onProtoPoisoning: 'error',
+    onConstructorPoisoning: 'error',
+    return503OnClosing: true,
+    forceCloseConnections: 'idle',
+    routerOptions: { ignoreTrailingSlash: false, maxParamLength: 10_000 },
+  };
+  const app = (
+    deps.https ? Fastify({ ...options, https: deps.https } as FastifyServerOptions) : Fastify(options)
+  ) as FastifyInstance;
+
+  // Bodies are validated exactly as sent: no type coercion ("1" is not 1) and no stripping of
+  // unknown fields (a license's extra field must break its signature, not vanish). Query
+  // strings and path parameters arrive as text, so there booleans and integers are coerced.
+  const bodyAjv = addFormats.default(
+    new Ajv({ coerceTypes: false, useDefaults: true, removeAdditional: false, strict: false }),
+  );
+  const textAjv = addFormats.default(
+    new Ajv({ coerceTypes: true, useDefaults: true, removeAdditional: false, strict: false }),
+  );
+  app.setValidatorCompiler(({ schema, httpPart }) =>
+    (httpPart === 'body' ? bodyAjv : textAjv).compile(schema),
+  );
+
+  // The token endpoint reads the raw form itself (repeated parameters are an error there).
+  app.addContentTypeParser('application/x-www-form-urlencoded', { parseAs: 'string' }, (_req, body, done) =>
+    done(null, body),
+  );
+  app.addHook('onSend', async (request, reply) => {
+    reply.header('x-request-id', request.id);
+  });
+
+  await app.register(swagger, {
+    openapi: {
+      openapi: '3.1.0',
+      info: {
+        title: 'mesh-agent management API',
+        version: deps.version,
+        description: 'Follows mesh-agent-api.md and DECISIONS.md. Errors: {error, code}; see docs/errors.md.',
+      },
+      servers: [{ url: deps.publicUrl }],
+      components: {
+        securitySchemes: {
+          oauth2: {
+            type: 'oauth2',
+            flows: {
+              clientCredentials: {
+                tokenUrl: '/v1/oauth/token',
+                scopes: Object.fromEntries(ALL_SCOPES.map((s) => [s, s.slice('urn:vendor:service:'.length)])),
+              },
+            },
+          },
+        },
+      },
+    },
+  });
+
+  app.setErrorHandler(replyWithError);
+  app.setNotFoundHandler(async () => {
+    throw new ApiError('NOT_FOUND', 'no such path');
+  });
+
+  const methodsByUrl = new Map<string, Set<string>>();
+  app.addHook('onRoute', (route) => {
+    if ((route.config as { methodNotAllowed?: boolean } | undefined)?.methodNotAllowed) return;
+    for (const method of [route.method].flat()) {
+      if (method === 'HEAD') continue;
+      if (!(routeKey(method, route.url) in ROUTE_SCOPES)) {
+        throw new Error(`route ${method} ${route.url} has no entry in ROUTE_SCOPES`);
+      }
+      const set = methodsByUrl.get(route.url) ?? new Set<string>();
+      set.add(method);
+      methodsByUrl.set(route.url, set);
+    }
+  });
+  app.addHook('onRequest', makeAuthorizeHook(deps.tokens, deps.store));
+
+  registerHealthRoutes(app, deps);
+  registerBootstrapRoutes(app, deps);
+  registerOAuthRoutes(app, deps);
+  registerClusterRoutes(app, deps);
+  registerCredentialRoutes(app, deps);
+  registerPeerRoutes(app, deps);
+  app.get('/openapi.json', { schema: { hide: true } }, async () => app.swagger());
+
+  // A known path with the wrong method is 405 with Allow (DECISIONS §3), not 404.
+  for (const [url, methods] of methodsByUrl) {
+    const missing = ALL_METHODS.filter((m) => !methods.has(m));
+    if (missing.length === 0) continue;
+    const allow = [...methods, ...(methods.has('GET') ? ['HEAD'] : [])].join(', ');
+    app.route({
+      method: missing,
+      url,
+      config: { methodNotAllowed: true },
+      schema: { hide: true },
+      handler: async () => {
+        throw new ApiError('METHOD_NOT_ALLOWED', `method not allowed; use ${allow}`, { Allow: allow });
+      },
+    });
+  }
+  return app;
+}

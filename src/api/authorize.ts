@@ -1,0 +1,42 @@
+/**
+ * The one hook that enforces ROUTE_SCOPES: 401 for a missing, invalid, expired or revoked
+ * token, then 403 for a scope the token lacks (DECISIONS §3 order: 401, 403, then validation).
+ * It runs in onRequest, before the body is read, so unauthenticated callers cannot make the
+ * agent parse large bodies.
+ */
+import type { FastifyReply, FastifyRequest } from 'fastify';
+import type { AccessTokens } from '../auth/access-tokens.js';
+import type { Caller } from '../auth/credentials.js';
+import { forbidden, unauthorized } from '../domain/errors.js';
+import { grants, scope } from '../domain/scopes.js';
+import type { Store } from '../store/store.js';
+import { ROUTE_SCOPES, routeKey } from './route-scopes.js';
+
+declare module 'fastify' {
+  interface FastifyRequest {
+    caller?: Caller;
+  }
+}
+
+export function makeAuthorizeHook(tokens: AccessTokens, store: Store) {
+  return async function authorize(request: FastifyRequest, _reply: FastifyReply): Promise<void> {
+    const guard = ROUTE_SCOPES[routeKey(request.method, request.routeOptions.url ?? '')];
+    // Unknown routes (404/405 answers) and public ones need no token.
+    if (guard === undefined || guard === 'public') return;
+    const header = request.headers.authorization;
+    const match = header === undefined ? null : /^Bearer ([A-Za-z0-9._~+/-]+=*)$/.exec(header);
+    if (!match) throw unauthorized('a bearer access token is required');
+    const verified = await tokens.verify(match[1]!);
+    if (!verified) throw unauthorized('the access token is invalid or expired');
+    // Checked on every request, after the verification cache: revocation takes effect at once.
+    if (!store.credential(verified.clientId))
+      throw unauthorized('the access token belongs to a revoked credential');
+    const allowed =
+      guard === 'any-read'
+        ? verified.scopes.some((s) => s.endsWith('.read') || grants([s], scope('admin')))
+        : grants(verified.scopes, scope(guard));
+    if (!allowed)
+      throw forbidden(`this operation needs the scope ${guard === 'any-read' ? 'any *.read' : scope(guard)}`);
+    request.caller = { clientId: verified.clientId, scopes: verified.scopes };
+  };
+}

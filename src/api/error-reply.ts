@@ -1,0 +1,57 @@
+/**
+ * The only place that turns errors into HTTP answers. Typed ApiErrors and OAuthErrors carry
+ * their status and code; Fastify's own request errors (bad JSON, validation, body size) are
+ * mapped to the documented codes; anything else is 500 INTERNAL with no detail for the caller
+ * and the whole error in the log.
+ */
+import type { FastifyError, FastifyReply, FastifyRequest } from 'fastify';
+import { ApiError, type ErrorCode, OAuthError } from '../domain/errors.js';
+
+/**
+ * Routes may name a more specific code for a validation failure on one body field, as the API
+ * document does for transport_type (INVALID_TRANSPORT) and route CIDRs (INVALID_CIDR).
+ */
+export interface ValidationCodes {
+  validationCodes?: Record<string, ErrorCode>;
+}
+
+export function replyWithError(error: unknown, request: FastifyRequest, reply: FastifyReply): FastifyReply {
+  if (error instanceof OAuthError) {
+    reply.headers({ ...error.headers, 'cache-control': 'no-store', pragma: 'no-cache' });
+    return reply
+      .code(error.status)
+      .send({ error: error.oauthCode, error_description: error.message, code: error.code });
+  }
+  if (error instanceof ApiError) {
+    reply.headers(error.headers);
+    return reply.code(error.status).send({ error: error.message, code: error.code });
+  }
+  const fastifyError = error as FastifyError;
+  if (fastifyError.validation) {
+    const code = validationCode(fastifyError, request);
+    return reply.code(400).send({ error: fastifyError.message, code });
+  }
+  if (fastifyError.code === 'FST_ERR_CTP_BODY_TOO_LARGE') {
+    return reply.code(413).send({ error: 'request body is larger than 1 MiB', code: 'PAYLOAD_TOO_LARGE' });
+  }
+  // Fastify's request errors (invalid JSON, empty JSON body, prototype poisoning, unsupported
+  // media type) are all "the body is not what the endpoint reads": 400 INVALID_REQUEST.
+  const status = fastifyError.statusCode;
+  if (typeof status === 'number' && status >= 400 && status < 500 && fastifyError.code?.startsWith('FST_')) {
+    return reply.code(400).send({ error: fastifyError.message, code: 'INVALID_REQUEST' });
+  }
+  request.log.error({ err: error }, 'unexpected error');
+  return reply.code(500).send({ error: 'internal error', code: 'INTERNAL' });
+}
+
+function validationCode(error: FastifyError, request: FastifyRequest): ErrorCode {
+  const codes = (request.routeOptions.config as ValidationCodes | undefined)?.validationCodes;
+  if (!codes || error.validationContext !== 'body') return 'INVALID_REQUEST';
+  for (const v of error.validation ?? []) {
+    // instancePath is like /transport_type or /routes/0/source_cidr; match on the field names.
+    const fields = v.instancePath.split('/').filter((p) => p !== '' && !/^\d+$/.test(p));
+    const field = fields.at(-1);
+    if (field && codes[field]) return codes[field];
+  }
+  return 'INVALID_REQUEST';
+}

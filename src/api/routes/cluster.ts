@@ -1,0 +1,69 @@
+/**
+ * Cluster endpoints that exist on one node: the public identity, the cluster credential and
+ * its rotation. init and sync arrive with peers (part 2).
+ */
+import type { FastifyInstance } from 'fastify';
+import { notFound } from '../../domain/errors.js';
+import type { AppDeps } from '../app.js';
+import {
+  ClusterCredentialResponse,
+  ClusterIdentity,
+  errorResponses,
+  RotatedClusterCredential,
+} from '../schemas.js';
+
+export function registerClusterRoutes(app: FastifyInstance, deps: AppDeps): void {
+  app.get(
+    '/v1/cluster/identity',
+    {
+      schema: {
+        tags: ['cluster'],
+        summary: "This agent's identity, for verifying it before adding it as a peer",
+        description: 'license_id and cluster_id are null until the agent is bootstrapped.',
+        response: { 200: ClusterIdentity },
+      },
+    },
+    async () => {
+      const state = deps.store.agentState();
+      return {
+        peer_id: deps.identity.peerId,
+        public_key: deps.identity.publicKeyBase64,
+        license_id: state?.license.license_id ?? null,
+        cluster_id: state?.clusterId ?? null,
+        version: deps.version,
+      };
+    },
+  );
+
+  app.get(
+    '/v1/cluster/credentials',
+    {
+      schema: {
+        tags: ['cluster'],
+        summary: 'The cluster credential (no secret)',
+        security: [{ oauth2: ['urn:vendor:service:admin'] }],
+        response: { 200: ClusterCredentialResponse, ...errorResponses(401, 403, 404) },
+      },
+    },
+    async () => deps.clusterCredential.current(),
+  );
+
+  app.post(
+    '/v1/cluster/credentials/rotate',
+    {
+      schema: {
+        tags: ['cluster'],
+        summary: 'Rotate the cluster secret; the previous one stays valid for 24 hours',
+        security: [{ oauth2: ['urn:vendor:service:credentials.write'] }],
+        response: { 200: RotatedClusterCredential, ...errorResponses(401, 403, 404) },
+      },
+    },
+    async (request) => {
+      const state = deps.store.agentState();
+      if (!state) throw notFound('this agent is not bootstrapped: it has no cluster credential');
+      const rotated = deps.clusterCredential.rotate(state.localPeerId);
+      request.log.info({ version: rotated.version }, 'cluster credential rotated');
+      return rotated;
+    },
+  );
+}

@@ -1,0 +1,171 @@
+/**
+ * JSON schemas of every request and response, written once: Fastify validates requests and
+ * serializes responses with them, and @fastify/swagger turns the same objects into the OpenAPI
+ * document, so the document cannot drift from what the agent does.
+ */
+import { type TSchema, Type } from '@sinclair/typebox';
+import { ALL_SCOPES } from '../domain/scopes.js';
+
+const Timestamp = Type.String({ format: 'date-time', description: 'ISO 8601, UTC, milliseconds, Z suffix' });
+const NullableTimestamp = Type.Union([Timestamp, Type.Null()]);
+const NullableString = Type.Union([Type.String(), Type.Null()]);
+
+export const ErrorBody = Type.Object({
+  error: Type.String({ description: 'human-readable text' }),
+  code: Type.String({ description: 'stable machine code, see docs/errors.md' }),
+});
+
+export const OAuthErrorBody = Type.Object({
+  error: Type.String({ description: 'RFC 6749 §5.2 error code' }),
+  error_description: Type.String(),
+  code: Type.String(),
+});
+
+export const Health = Type.Object({
+  status: Type.String({ description: '`ok` when healthy or ready' }),
+  timestamp: Timestamp,
+  reasons: Type.Optional(Type.Array(Type.String())),
+});
+
+export const LicenseObject = Type.Object(
+  {
+    customer_id: Type.String({ minLength: 1, maxLength: 256 }),
+    license_id: Type.String({ minLength: 1, maxLength: 256 }),
+    issued_at: Type.String({ format: 'date-time' }),
+    expires_at: Type.String({ format: 'date-time' }),
+    max_nodes: Type.Integer({ minimum: 1, maximum: 1_000_000 }),
+    max_services: Type.Integer({ minimum: 0, maximum: 1_000_000 }),
+    signature: Type.String({ minLength: 1, maxLength: 256 }),
+  },
+  { description: 'Signed license. Every field present is covered by the signature.' },
+);
+
+export const BootstrapBody = Type.Object({
+  license: LicenseObject,
+  name: Type.Optional(Type.String({ maxLength: 255 })),
+  description: Type.Optional(Type.String({ maxLength: 1024 })),
+});
+
+export const BootstrapResponse = Type.Object({
+  peer_id: Type.String(),
+  peer_public_key: Type.String({ description: 'base64, Ed25519' }),
+  client_id: Type.String(),
+  client_secret: Type.String({ description: 'shown only in this response' }),
+  license_id: Type.String(),
+  cluster_id: Type.String(),
+  expires_at: Type.String(),
+  max_nodes: Type.Integer(),
+  max_services: Type.Integer(),
+});
+
+export const TokenForm = Type.Object({
+  grant_type: Type.Literal('client_credentials'),
+  client_id: Type.Optional(Type.String({ description: 'client_secret_post; or use HTTP Basic' })),
+  client_secret: Type.Optional(Type.String()),
+  scope: Type.Optional(
+    Type.String({ description: 'space-separated scope URNs, a subset of the credential' }),
+  ),
+});
+
+export const TokenResponse = Type.Object({
+  access_token: Type.String(),
+  token_type: Type.Literal('Bearer'),
+  expires_in: Type.Integer(),
+  scope: Type.String(),
+});
+
+export const OpenIdConfiguration = Type.Object(
+  {
+    issuer: Type.String(),
+    token_endpoint: Type.String(),
+    jwks_uri: Type.String(),
+    grant_types_supported: Type.Array(Type.String()),
+    token_endpoint_auth_methods_supported: Type.Array(Type.String()),
+    scopes_supported: Type.Array(Type.String()),
+    response_types_supported: Type.Array(Type.String()),
+    id_token_signing_alg_values_supported: Type.Array(Type.String()),
+    subject_types_supported: Type.Array(Type.String()),
+  },
+  { additionalProperties: true },
+);
+
+export const Jwks = Type.Object({
+  keys: Type.Array(
+    Type.Object(
+      {
+        kty: Type.String(),
+        crv: Type.String(),
+        x: Type.String(),
+        kid: Type.String(),
+        alg: Type.String(),
+        use: Type.String(),
+      },
+      { additionalProperties: true },
+    ),
+  ),
+});
+
+export const ClusterIdentity = Type.Object({
+  peer_id: Type.String(),
+  public_key: Type.String({ description: 'base64 of the 32-byte Ed25519 public key' }),
+  license_id: NullableString,
+  cluster_id: NullableString,
+  version: Type.String({ description: 'agent version' }),
+});
+
+const ScopeValue = Type.Unsafe<string>({ type: 'string', enum: [...ALL_SCOPES] });
+
+export const CredentialCreateBody = Type.Object({
+  scopes: Type.Optional(Type.Array(ScopeValue, { maxItems: 16, description: 'empty or absent: admin' })),
+});
+
+export const CredentialCreated = Type.Object({
+  client_id: Type.String(),
+  client_secret: Type.String({ description: 'shown only in this response' }),
+  scopes: Type.Array(Type.String()),
+  created_at: Timestamp,
+});
+
+export const CredentialListItem = Type.Object({
+  client_id: Type.String(),
+  scopes: Type.Array(Type.String()),
+  license_id: Type.String(),
+  created_at: Timestamp,
+  last_used_at: NullableTimestamp,
+});
+
+export const ClusterCredentialResponse = Type.Object({
+  client_id: Type.String(),
+  version: Type.Integer(),
+  rotated_by: Type.String(),
+  rotated_at: Timestamp,
+});
+
+export const RotatedClusterCredential = Type.Object({
+  client_id: Type.String(),
+  client_secret: Type.String({ description: 'shown only in this response' }),
+  version: Type.Integer(),
+  rotated_by: Type.String(),
+  rotated_at: Timestamp,
+});
+
+export const Peer = Type.Object({
+  id: Type.String(),
+  name: Type.String(),
+  public_key: Type.String(),
+  is_local: Type.Boolean(),
+  address: Type.String(),
+  created_at: Timestamp,
+  is_active: Type.Boolean(),
+  version: Type.Integer(),
+  deactivated_at: NullableTimestamp,
+});
+
+export const Deleted = Type.Object({ deleted: Type.Literal(true) });
+
+/** The error responses a route can give, by status, all in the one documented shape. */
+export function errorResponses(...statuses: number[]): Record<number, TSchema> {
+  const out: Record<number, TSchema> = {};
+  for (const s of statuses) out[s] = ErrorBody;
+  return out;
+}

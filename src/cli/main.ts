@@ -1,0 +1,152 @@
+#!/usr/bin/env node
+/**
+ * The `mesh-agent` command: `serve`, `license keygen`, `license sign`, `version`.
+ * Exit codes: 0 success, 1 runtime failure, 2 usage error.
+ */
+import { existsSync, mkdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { parseArgs } from 'node:util';
+import { AGENT_VERSION, startAgent } from '../agent.js';
+import { systemClock } from '../domain/clock.js';
+import { generateLicenseKeyPair, loadLicenseSigningKey, signLicense } from '../license/sign.js';
+import { parseLicensePublicKey } from '../license/verify.js';
+import { writeFileAtomic } from '../store/key-files.js';
+import { devBanner, prepareDevMode } from './dev-mode.js';
+import { parseServeOptions, UsageError } from './serve-options.js';
+
+const USAGE = `usage:
+  mesh-agent serve [--listen HOST:PORT] [--advertise HOST:PORT] [--data-dir DIR]
+                   [--license-public-key FILE-or-BASE64]... [--tls-cert FILE --tls-key FILE]
+                   [--public-url URL] [--dataplane on|off|auto] [--macvlan-parent IFACE]
+                   [--dev] [--metrics-public] [--log-level LEVEL]
+  mesh-agent license keygen --out DIR
+  mesh-agent license sign --key FILE --customer-id C --license-id L --max-nodes N
+                   --max-services M --expires-at ISO [--issued-at ISO]
+  mesh-agent version
+Every serve flag is also an environment variable MESH_<FLAG> (e.g. MESH_DATA_DIR).`;
+
+async function serve(argv: string[]): Promise<void> {
+  const opts = parseServeOptions(argv, process.env);
+  const keyTexts = opts.licensePublicKeys.map((k) => (existsSync(k) ? readFileSync(k, 'utf8') : k));
+  let banner: string | undefined;
+  if (opts.dev) {
+    const dev = prepareDevMode(opts.dataDir, systemClock.now());
+    keyTexts.push(dev.publicPem);
+    banner = devBanner(opts.publicUrl, dev.bootstrapBodyFile);
+  }
+  let licenseKeys: ReturnType<typeof parseLicensePublicKey>[];
+  try {
+    licenseKeys = keyTexts.map(parseLicensePublicKey);
+  } catch (err) {
+    throw new UsageError(`--license-public-key: ${(err as Error).message}`);
+  }
+  const agent = await startAgent({
+    listenHost: opts.listenHost,
+    listenPort: opts.listenPort,
+    advertise: opts.advertise,
+    dataDir: opts.dataDir,
+    licenseKeys,
+    publicUrl: opts.publicUrl,
+    tls:
+      opts.tlsCert && opts.tlsKey
+        ? { cert: readFileSync(opts.tlsCert), key: readFileSync(opts.tlsKey) }
+        : undefined,
+    logLevel: opts.logLevel,
+  });
+  if (banner) process.stderr.write(`${banner}\n`);
+
+  const shutdown = (signal: string) => {
+    agent.logger.info({ signal }, 'stopping');
+    agent.stop().then(
+      () => process.exit(0),
+      (err: unknown) => {
+        agent.logger.error({ err }, 'error while stopping');
+        process.exit(1);
+      },
+    );
+  };
+  process.once('SIGTERM', () => shutdown('SIGTERM'));
+  process.once('SIGINT', () => shutdown('SIGINT'));
+}
+
+function licenseKeygen(argv: string[]): void {
+  const { values } = parseArgs({ args: argv, options: { out: { type: 'string' } }, strict: true });
+  if (!values.out) throw new UsageError('license keygen needs --out DIR');
+  mkdirSync(values.out, { recursive: true, mode: 0o700 });
+  const pair = generateLicenseKeyPair();
+  writeFileAtomic(join(values.out, 'license-signing.key'), pair.privatePem, 0o600);
+  writeFileAtomic(join(values.out, 'license-signing.pub'), pair.publicPem, 0o644);
+  process.stdout.write(
+    `wrote ${join(values.out, 'license-signing.key')} and ${join(values.out, 'license-signing.pub')}\n`,
+  );
+}
+
+function licenseSign(argv: string[]): void {
+  const { values } = parseArgs({
+    args: argv,
+    strict: true,
+    options: {
+      key: { type: 'string' },
+      'customer-id': { type: 'string' },
+      'license-id': { type: 'string' },
+      'max-nodes': { type: 'string' },
+      'max-services': { type: 'string' },
+      'expires-at': { type: 'string' },
+      'issued-at': { type: 'string' },
+    },
+  });
+  const required = ['key', 'customer-id', 'license-id', 'max-nodes', 'max-services', 'expires-at'] as const;
+  const missing = required.filter((k) => values[k] === undefined);
+  if (missing.length > 0)
+    throw new UsageError(`license sign needs ${missing.map((k) => `--${k}`).join(', ')}`);
+  const integer = (flag: 'max-nodes' | 'max-services', min: number) => {
+    const text = values[flag]!;
+    if (!/^\d{1,7}$/.test(text) || Number(text) < min)
+      throw new UsageError(`--${flag} must be an integer >= ${min}`);
+    return Number(text);
+  };
+  const timestamp = (flag: 'expires-at' | 'issued-at', fallback?: string) => {
+    const text = values[flag] ?? fallback!;
+    const ms = Date.parse(text);
+    if (!Number.isFinite(ms) || !/T/.test(text))
+      throw new UsageError(`--${flag} must be an ISO 8601 date-time`);
+    return new Date(ms).toISOString();
+  };
+  const license = signLicense(
+    {
+      customer_id: values['customer-id']!,
+      license_id: values['license-id']!,
+      issued_at: timestamp('issued-at', new Date().toISOString()),
+      expires_at: timestamp('expires-at'),
+      max_nodes: integer('max-nodes', 1),
+      max_services: integer('max-services', 0),
+    },
+    loadLicenseSigningKey(readFileSync(values.key!, 'utf8')),
+  );
+  process.stdout.write(`${JSON.stringify(license, null, 2)}\n`);
+}
+
+async function main(argv: string[]): Promise<void> {
+  const [command, sub, ...rest] = argv;
+  if (command === 'serve') return serve(argv.slice(1));
+  if (command === 'license' && sub === 'keygen') return licenseKeygen(rest);
+  if (command === 'license' && sub === 'sign') return licenseSign(rest);
+  if (command === 'version' || command === '--version') {
+    process.stdout.write(`${AGENT_VERSION}\n`);
+    return;
+  }
+  if (command === 'help' || command === '--help' || command === undefined) {
+    process.stdout.write(`${USAGE}\n`);
+    return;
+  }
+  throw new UsageError(`unknown command: ${argv.join(' ')}`);
+}
+
+main(process.argv.slice(2)).catch((err: unknown) => {
+  if (err instanceof UsageError) {
+    process.stderr.write(`mesh-agent: ${err.message}\n${USAGE}\n`);
+    process.exit(2);
+  }
+  process.stderr.write(`mesh-agent: ${(err as Error).message}\n`);
+  process.exit(1);
+});

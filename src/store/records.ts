@@ -1,0 +1,45 @@
+/**
+ * The rows the store keeps, as the rest of the agent sees them. Times are ISO 8601 strings as
+ * the API shows them (DECISIONS §3), so nothing converts them twice.
+ */
+import type { License } from '../domain/license.js';
+import type { Scope } from '../domain/scopes.js';
+
+export interface AgentState {
+  license: License;
+  localPeerId: string;
+  clusterId: string;
+  description: string;
+  bootstrappedAt: string;
+}
+
+export interface PeerRecord {
+  id: string;
+  name: string;
+  publicKey: string;
+  address: string;
+  isActive: boolean;
+  version: number;
+  deactivatedAt: string | null;
+  createdAt: string;
+  updatedAt: string;
+}
+
+export interface CredentialRecord {
+  clientId: string;
+  secretHash: Buffer;
+  scopes: Scope[];
+  licenseId: string;
+  createdAt: string;
+  lastUsedAt: string | null;
+}
+
+export interface ClusterSecretRecord {
+  version: number;
+  clientId: string;
+  secretHash: Buffer;
+  rotatedBy: string;
+  rotatedAt: string;
+  /** null for the current secret; the grace deadline for a rotated-out one. */
+  validUntil: string | null;
+}
