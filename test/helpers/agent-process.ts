@@ -1,0 +1,141 @@
+/**
+ * Real agent processes for tests: `node dist/src/cli/main.js serve` on a free loopback port
+ * with its own data dir, its log captured, stopped by signal or killed with SIGKILL.
+ * stop() also checks that no secret the test's clients handled ever reached the log.
+ */
+import { type ChildProcess, spawn } from 'node:child_process';
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { ApiClient } from './api-client.js';
+import type { Vendor } from './licenses.js';
+import { freePort } from './ports.js';
+
+export const MAIN_JS = fileURLToPath(new URL('../../src/cli/main.js', import.meta.url));
+
+export interface StartOptions {
+  vendor?: Vendor;
+  dataDir?: string;
+  port?: number;
+  extraArgs?: string[];
+  env?: Record<string, string>;
+  readyTimeoutMs?: number;
+}
+
+export class AgentProcess {
+  proc!: ChildProcess;
+  private output = '';
+  exitCode: number | null = null;
+  exitSignal: NodeJS.Signals | null = null;
+  private exited!: Promise<void>;
+  readonly client: ApiClient;
+
+  private constructor(
+    readonly port: number,
+    readonly dataDir: string,
+    private readonly args: string[],
+    private readonly env: Record<string, string>,
+  ) {
+    this.client = new ApiClient(this.url);
+  }
+
+  get url(): string {
+    return `http://127.0.0.1:${this.port}`;
+  }
+
+  static async start(opts: StartOptions = {}): Promise<AgentProcess> {
+    const port = opts.port ?? (await freePort());
+    const dataDir = opts.dataDir ?? mkdtempSync(join(tmpdir(), 'mesh-agent-test-'));
+    const args = ['serve', '--listen', `127.0.0.1:${port}`, '--data-dir', dataDir, '--log-level', 'info'];
+    if (opts.vendor) args.push('--license-public-key', opts.vendor.publicKeyFile);
+    args.push(...(opts.extraArgs ?? []));
+    const agent = new AgentProcess(port, dataDir, args, opts.env ?? {});
+    await agent.launch(opts.readyTimeoutMs ?? 20_000);
+    return agent;
+  }
+
+  /** Everything the process wrote to stdout and stderr so far. */
+  get logs(): string {
+    return this.output;
+  }
+
+  private async launch(readyTimeoutMs: number): Promise<void> {
+    this.exitCode = null;
+    this.exitSignal = null;
+    this.proc = spawn(process.execPath, [MAIN_JS, ...this.args], {
+      env: { ...process.env, ...this.env },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    this.proc.stdout!.on('data', (c: Buffer) => {
+      this.output += c.toString();
+    });
+    this.proc.stderr!.on('data', (c: Buffer) => {
+      this.output += c.toString();
+    });
+    this.exited = new Promise((resolve) =>
+      this.proc.once('exit', (code, signal) => {
+        this.exitCode = code;
+        this.exitSignal = signal;
+        resolve();
+      }),
+    );
+    const deadline = Date.now() + readyTimeoutMs;
+    while (Date.now() < deadline) {
+      if (this.exitCode !== null || this.exitSignal !== null) {
+        throw new Error(`agent exited during start (${this.exitCode ?? this.exitSignal}):\n${this.output}`);
+      }
+      try {
+        const res = await this.client.raw('GET', '/readyz', { timeoutMs: 1000 });
+        if (res.status === 200) return;
+      } catch {
+        // not listening yet
+      }
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    this.proc.kill('SIGKILL');
+    throw new Error(`agent did not become ready in ${readyTimeoutMs} ms:\n${this.output}`);
+  }
+
+  /** Stops with a signal and returns the exit code; throws if a handled secret is in the log. */
+  async stop(signal: NodeJS.Signals = 'SIGTERM', timeoutMs = 15_000): Promise<number | null> {
+    if (this.exitCode === null && this.exitSignal === null) {
+      this.proc.kill(signal);
+      const timer = setTimeout(() => this.proc.kill('SIGKILL'), timeoutMs);
+      await this.exited;
+      clearTimeout(timer);
+    }
+    this.assertNoSecretsInLogs();
+    return this.exitCode;
+  }
+
+  async kill9(): Promise<void> {
+    this.proc.kill('SIGKILL');
+    await this.exited;
+  }
+
+  /** Starts the process again on the same port and data dir. */
+  async restart(readyTimeoutMs = 20_000): Promise<void> {
+    if (this.exitCode === null && this.exitSignal === null) throw new Error('agent is still running');
+    await this.launch(readyTimeoutMs);
+  }
+
+  assertNoSecretsInLogs(): void {
+    for (const secret of this.client.secretsSeen) {
+      if (secret.length >= 16 && this.output.includes(secret)) {
+        throw new Error(`a secret or token handled by the test appears in the agent's log: ${secret.slice(0, 8)}…`);
+      }
+    }
+  }
+}
+
+/** Bootstraps the agent with a fresh license of the vendor; returns the first credential. */
+export async function bootstrap(
+  agent: AgentProcess,
+  vendor: Vendor,
+  overrides: Parameters<Vendor['sign']>[0] = {},
+): Promise<{ clientId: string; clientSecret: string; body: Record<string, unknown> }> {
+  const res = await agent.client.post('/v1/bootstrap', { json: { license: vendor.sign(overrides), name: 'test' } });
+  if (res.status !== 201) throw new Error(`bootstrap failed: ${res.status} ${res.text}`);
+  return { clientId: res.body.client_id, clientSecret: res.body.client_secret, body: res.body };
+}
