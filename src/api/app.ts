@@ -146,7 +146,11 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   registerClusterRoutes(app, deps);
   registerCredentialRoutes(app, deps);
   registerPeerRoutes(app, deps);
-  app.get('/openapi.json', { schema: { hide: true } }, async () => app.swagger());
+  app.get(
+    '/openapi.json',
+    { schema: { tags: ['docs'], summary: 'This OpenAPI 3.1 document (public)' } },
+    async () => app.swagger(),
+  );
 
   // A known path with the wrong method is 405 with Allow (DECISIONS §3), not 404.
   for (const [url, methods] of methodsByUrl) {

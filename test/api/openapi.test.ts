@@ -1,0 +1,63 @@
+/**
+ * The served OpenAPI document: a valid OpenAPI 3.1 document by a stock validator, holding every
+ * path and status that the API document and DECISIONS give for the endpoints served. Real
+ * responses are checked against it by every API test (test/helpers/api-client.ts).
+ */
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import { after, before, describe, it } from 'node:test';
+import { Validator } from '@seriousme/openapi-schema-validator';
+import { AgentProcess, bootstrap } from '../helpers/agent-process.js';
+import { makeVendor } from '../helpers/licenses.js';
+
+const REQUIRED_STATUSES = JSON.parse(
+  readFileSync(new URL('../../../test/fixtures/api-statuses.json', import.meta.url), 'utf8'),
+) as Record<string, number[]>;
+delete (REQUIRED_STATUSES as Record<string, unknown>).$comment;
+
+describe('OpenAPI document', () => {
+  const vendor = makeVendor();
+  let agent: AgentProcess;
+  // biome-ignore lint/suspicious/noExplicitAny: an OpenAPI document is arbitrary JSON
+  let doc: any;
+  before(async () => {
+    agent = await AgentProcess.start({ vendor });
+    await bootstrap(agent, vendor);
+    doc = (await agent.client.get('/openapi.json')).body;
+  });
+  after(async () => {
+    assert.equal(await agent.stop(), 0);
+  });
+
+  it('is a valid OpenAPI 3.1 document', async () => {
+    assert.equal(doc.openapi, '3.1.0');
+    const result = await new Validator().validate(structuredClone(doc));
+    assert.equal(result.valid, true, JSON.stringify(result.errors, null, 2));
+  });
+
+  it('documents every path and status of the served endpoints', () => {
+    const problems: string[] = [];
+    for (const [key, statuses] of Object.entries(REQUIRED_STATUSES)) {
+      const [method, path] = key.split(' ') as [string, string];
+      const op = doc.paths[path]?.[method.toLowerCase()];
+      if (!op) {
+        problems.push(`${key} is not documented`);
+        continue;
+      }
+      for (const s of statuses) if (!op.responses?.[String(s)]) problems.push(`${key} lacks ${s}`);
+    }
+    assert.deepEqual(problems, []);
+  });
+
+  it('declares how each operation authenticates', () => {
+    for (const [path, ops] of Object.entries(
+      doc.paths as Record<string, Record<string, { security?: unknown[] }>>,
+    )) {
+      for (const [method, op] of Object.entries(ops)) {
+        if (op.security === undefined) continue;
+        assert.ok(Array.isArray(op.security) && op.security.length === 1, `${method} ${path}`);
+      }
+    }
+    assert.equal(doc.components.securitySchemes.oauth2.type, 'oauth2');
+  });
+});
