@@ -23,7 +23,14 @@ if (files.length === 0) {
 }
 const result = spawnSync(
   process.execPath,
-  ['--enable-source-maps', '--test', '--test-reporter=spec', '--test-concurrency=2', '--test-timeout=300000', ...files],
+  [
+    '--enable-source-maps',
+    '--test',
+    '--test-reporter=spec',
+    '--test-concurrency=2',
+    '--test-timeout=300000',
+    ...files,
+  ],
   { stdio: 'inherit' },
 );
 process.exit(result.status ?? 1);

@@ -123,7 +123,9 @@ export class AgentProcess {
   assertNoSecretsInLogs(): void {
     for (const secret of this.client.secretsSeen) {
       if (secret.length >= 16 && this.output.includes(secret)) {
-        throw new Error(`a secret or token handled by the test appears in the agent's log: ${secret.slice(0, 8)}…`);
+        throw new Error(
+          `a secret or token handled by the test appears in the agent's log: ${secret.slice(0, 8)}…`,
+        );
       }
     }
   }
@@ -135,7 +137,9 @@ export async function bootstrap(
   vendor: Vendor,
   overrides: Parameters<Vendor['sign']>[0] = {},
 ): Promise<{ clientId: string; clientSecret: string; body: Record<string, unknown> }> {
-  const res = await agent.client.post('/v1/bootstrap', { json: { license: vendor.sign(overrides), name: 'test' } });
+  const res = await agent.client.post('/v1/bootstrap', {
+    json: { license: vendor.sign(overrides), name: 'test' },
+  });
   if (res.status !== 201) throw new Error(`bootstrap failed: ${res.status} ${res.text}`);
   return { clientId: res.body.client_id, clientSecret: res.body.client_secret, body: res.body };
 }

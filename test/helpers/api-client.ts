@@ -44,7 +44,9 @@ export class Conformance {
   constructor(readonly doc: OpenApiDoc) {
     this.routes = Object.keys(doc.paths).map((path) => ({
       path,
-      pattern: new RegExp(`^${path.replace(/[.*+?^$()|[\]\\]/g, '\\$&').replace(/\\?\{[^}]+\\?\}/g, '[^/]+')}$`),
+      pattern: new RegExp(
+        `^${path.replace(/[.*+?^$()|[\]\\]/g, '\\$&').replace(/\\?\{[^}]+\\?\}/g, '[^/]+')}$`,
+      ),
     }));
   }
 
@@ -56,7 +58,9 @@ export class Conformance {
     if (!route || !operation) return; // unknown path or method: 404/405, not an operation
     const documented = operation.responses?.[String(res.status)];
     if (!documented) {
-      throw new Error(`${method} ${route.path} answered ${res.status}, which the OpenAPI document does not list: ${res.text}`);
+      throw new Error(
+        `${method} ${route.path} answered ${res.status}, which the OpenAPI document does not list: ${res.text}`,
+      );
     }
     const schema = documented.content?.['application/json']?.schema;
     if (!schema) return;
@@ -67,7 +71,9 @@ export class Conformance {
       this.validators.set(key, validate);
     }
     if (!validate(res.body)) {
-      throw new Error(`${key}: body does not match the OpenAPI schema: ${this.ajv.errorsText(validate.errors)}; body ${res.text}`);
+      throw new Error(
+        `${key}: body does not match the OpenAPI schema: ${this.ajv.errorsText(validate.errors)}; body ${res.text}`,
+      );
     }
   }
 }
@@ -113,7 +119,11 @@ export class ApiClient {
 
   /** Client credentials grant with client_secret_post; returns the whole answer. */
   tokenResponse(clientId: string, clientSecret: string, scope?: string): Promise<ApiResponse> {
-    const form: Record<string, string> = { grant_type: 'client_credentials', client_id: clientId, client_secret: clientSecret };
+    const form: Record<string, string> = {
+      grant_type: 'client_credentials',
+      client_id: clientId,
+      client_secret: clientSecret,
+    };
     if (scope !== undefined) form.scope = scope;
     return this.post('/v1/oauth/token', { form });
   }
@@ -135,7 +145,8 @@ export class ApiClient {
       const text = typeof opts.form === 'string' ? opts.form : new URLSearchParams(opts.form).toString();
       payload = Buffer.from(text);
       headers['content-type'] ??= 'application/x-www-form-urlencoded';
-      if (typeof opts.form === 'object' && opts.form.client_secret) this.secretsSeen.add(opts.form.client_secret);
+      if (typeof opts.form === 'object' && opts.form.client_secret)
+        this.secretsSeen.add(opts.form.client_secret);
     } else if (opts.body !== undefined) {
       payload = Buffer.isBuffer(opts.body) ? opts.body : Buffer.from(opts.body);
     }
