@@ -22,6 +22,11 @@ export class FailureThrottle {
     private readonly maxKeys = 100_000,
   ) {}
 
+  /** How many addresses and pairs are being tracked (bounded by maxKeys). */
+  get trackedKeys(): number {
+    return this.failures.size;
+  }
+
   check(address: string, clientId: string | undefined): ThrottleVerdict {
     const now = this.clock.now();
     let retryAfterMs = 0;
