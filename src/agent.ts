@@ -19,6 +19,9 @@ import { SecretHasher } from './auth/secret-hash.js';
 import { TokenEndpoint } from './auth/token-endpoint.js';
 import { ClusterCredential } from './cluster/cluster-credential.js';
 import { Identity } from './cluster/identity.js';
+import { HttpPeerCaller } from './cluster/peer-client.js';
+import { Peers } from './cluster/peers.js';
+import { ServiceConfig } from './cluster/service-config.js';
 import { type Clock, systemClock } from './domain/clock.js';
 import { generateLicenseKeyPair } from './license/sign.js';
 import { loadOrCreateSecretFile } from './store/key-files.js';
@@ -120,6 +123,10 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       tokenEndpoint: new TokenEndpoint(store, hasher, tokens, new FailureThrottle(clock), clock),
       credentials: new Credentials(store, hasher, clock),
       clusterCredential: new ClusterCredential(store, clock),
+      services: new ServiceConfig(store, clock),
+      peers: new Peers(store, identity, new HttpPeerCaller(config.tls ? 'https' : 'http'), clock),
+      // Gossip and the data plane arrive in later issues; until then there is nothing to run.
+      sync: () => logger.debug('sync: no subsystems to run yet'),
       bootstrap: {
         store,
         identity,

@@ -14,6 +14,8 @@ import type { TokenEndpoint } from '../auth/token-endpoint.js';
 import type { BootstrapDeps } from '../cluster/bootstrap.js';
 import type { ClusterCredential } from '../cluster/cluster-credential.js';
 import type { Identity } from '../cluster/identity.js';
+import type { Peers } from '../cluster/peers.js';
+import type { ServiceConfig } from '../cluster/service-config.js';
 import type { Clock } from '../domain/clock.js';
 import { ApiError } from '../domain/errors.js';
 import { ALL_SCOPES } from '../domain/scopes.js';
@@ -24,9 +26,11 @@ import { ROUTE_SCOPES, routeKey } from './route-scopes.js';
 import { registerBootstrapRoutes } from './routes/bootstrap.js';
 import { registerClusterRoutes } from './routes/cluster.js';
 import { registerCredentialRoutes } from './routes/credentials.js';
+import { registerHandshakeRoutes } from './routes/handshake.js';
 import { registerHealthRoutes } from './routes/health.js';
 import { registerOAuthRoutes } from './routes/oauth.js';
 import { registerPeerRoutes } from './routes/peers.js';
+import { registerServiceRoutes } from './routes/services.js';
 
 export interface HealthReport {
   /** Why the process cannot serve at all (empty when live). */
@@ -42,6 +46,10 @@ export interface AppDeps {
   tokenEndpoint: TokenEndpoint;
   credentials: Credentials;
   clusterCredential: ClusterCredential;
+  services: ServiceConfig;
+  peers: Peers;
+  /** POST /v1/cluster/sync: run heartbeats, regeneration and subsystems now. */
+  sync: () => void;
   bootstrap: BootstrapDeps;
   clock: Clock;
   publicUrl: string;
@@ -146,6 +154,8 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   registerClusterRoutes(app, deps);
   registerCredentialRoutes(app, deps);
   registerPeerRoutes(app, deps);
+  registerServiceRoutes(app, deps);
+  registerHandshakeRoutes(app, deps);
   app.get(
     '/openapi.json',
     { schema: { tags: ['docs'], summary: 'This OpenAPI 3.1 document (public)' } },

@@ -7,7 +7,7 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { AccessTokens } from '../auth/access-tokens.js';
 import type { Caller } from '../auth/credentials.js';
-import { forbidden, unauthorized } from '../domain/errors.js';
+import { ApiError, forbidden } from '../domain/errors.js';
 import { grants, scope } from '../domain/scopes.js';
 import type { Store } from '../store/store.js';
 import { ROUTE_SCOPES, routeKey } from './route-scopes.js';
@@ -18,19 +18,30 @@ declare module 'fastify' {
   }
 }
 
+/**
+ * RFC 6750 §3: every 401 names the Bearer scheme in WWW-Authenticate; a request that presented
+ * a token we refuse also gets error="invalid_token" (one with no token gets no error code).
+ */
+const unauthorized = (message: string, invalidToken: boolean) =>
+  new ApiError('UNAUTHORIZED', message, {
+    'WWW-Authenticate': invalidToken
+      ? 'Bearer realm="mesh-agent", error="invalid_token"'
+      : 'Bearer realm="mesh-agent"',
+  });
+
 export function makeAuthorizeHook(tokens: AccessTokens, store: Store) {
   return async function authorize(request: FastifyRequest, _reply: FastifyReply): Promise<void> {
     const guard = ROUTE_SCOPES[routeKey(request.method, request.routeOptions.url ?? '')];
-    // Unknown routes (404/405 answers) and public ones need no token.
-    if (guard === undefined || guard === 'public') return;
+    // Unknown routes (404/405 answers), public ones and signed agent-to-agent ones need no token.
+    if (guard === undefined || guard === 'public' || guard === 'peer-signed') return;
     const header = request.headers.authorization;
     const match = header === undefined ? null : /^Bearer ([A-Za-z0-9._~+/-]+=*)$/.exec(header);
-    if (!match) throw unauthorized('a bearer access token is required');
+    if (!match) throw unauthorized('a bearer access token is required', false);
     const verified = await tokens.verify(match[1]!);
-    if (!verified) throw unauthorized('the access token is invalid or expired');
+    if (!verified) throw unauthorized('the access token is invalid or expired', true);
     // Checked on every request, after the verification cache: revocation takes effect at once.
     if (!store.credential(verified.clientId))
-      throw unauthorized('the access token belongs to a revoked credential');
+      throw unauthorized('the access token belongs to a revoked credential', true);
     const allowed =
       guard === 'any-read'
         ? verified.scopes.some((s) => s.endsWith('.read') || grants([s], scope('admin')))

@@ -15,7 +15,31 @@ export interface ValidationCodes {
   validationCodes?: Record<string, ErrorCode>;
 }
 
+/**
+ * Routes whose 400s are RFC 6749 §5.2 bodies (`{error, error_description, code}`, as their
+ * response schema declares). Fastify's own request errors there (invalid JSON, empty JSON body,
+ * unsupported media type) must take that shape too: in the plain `{error, code}` shape the
+ * response serializer refuses them and the caller gets a 500.
+ */
+const OAUTH_ROUTES: ReadonlySet<string> = new Set(['/v1/oauth/token']);
+
 export function replyWithError(error: unknown, request: FastifyRequest, reply: FastifyReply): FastifyReply {
+  if (
+    !(error instanceof OAuthError) &&
+    !(error instanceof ApiError) &&
+    OAUTH_ROUTES.has(request.routeOptions.url ?? '')
+  ) {
+    const fastifyError = error as FastifyError;
+    const status = fastifyError.statusCode;
+    const requestError =
+      fastifyError.validation !== undefined ||
+      (typeof status === 'number' &&
+        status >= 400 &&
+        status < 500 &&
+        fastifyError.code?.startsWith('FST_') &&
+        fastifyError.code !== 'FST_ERR_CTP_BODY_TOO_LARGE');
+    if (requestError) error = new OAuthError('invalid_request', fastifyError.message);
+  }
   if (error instanceof OAuthError) {
     reply.headers({ ...error.headers, 'cache-control': 'no-store', pragma: 'no-cache' });
     return reply

@@ -5,8 +5,11 @@
  */
 import type { ScopeName } from '../domain/scopes.js';
 
-/** `public`: no token. `any-read`: any *.read scope or admin (DECISIONS §7, /metrics). */
-export type RouteGuard = ScopeName | 'public' | 'any-read';
+/**
+ * `public`: no token. `any-read`: any *.read scope or admin (DECISIONS §7, /metrics).
+ * `peer-signed`: agent-to-agent, no token; the handler checks Ed25519 signatures.
+ */
+export type RouteGuard = ScopeName | 'public' | 'any-read' | 'peer-signed';
 
 export const ROUTE_SCOPES: Readonly<Record<string, RouteGuard>> = {
   'GET /livez': 'public',
@@ -27,6 +30,25 @@ export const ROUTE_SCOPES: Readonly<Record<string, RouteGuard>> = {
 
   'GET /v1/peers': 'peers.read',
   'GET /v1/peers/:id': 'peers.read',
+  'POST /v1/peers': 'peers.write',
+  'PUT /v1/peers/:id': 'peers.write',
+  'DELETE /v1/peers/:id': 'peers.write',
+  'DELETE /v1/peers/self': 'admin',
+
+  'POST /v1/cluster/init': 'admin',
+  'POST /v1/cluster/sync': 'admin',
+  'POST /internal/v1/handshake/hello': 'peer-signed',
+  'POST /internal/v1/handshake/confirm': 'peer-signed',
+
+  'GET /v1/services': 'services.read',
+  'GET /v1/services/:id': 'services.read',
+  'POST /v1/services': 'services.write',
+  'PUT /v1/services/:id': 'services.write',
+  'DELETE /v1/services/:id': 'services.write',
+  'GET /v1/services/:service_id/routes': 'services.read',
+  'POST /v1/services/:service_id/routes': 'services.write',
+  'PUT /v1/services/:service_id/routes/:route_id': 'services.write',
+  'DELETE /v1/services/:service_id/routes/:route_id': 'services.write',
 };
 
 export const routeKey = (method: string, url: string): string =>

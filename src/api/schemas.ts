@@ -169,3 +169,168 @@ export function errorResponses(...statuses: number[]): Record<number, TSchema> {
   for (const s of statuses) out[s] = ErrorBody;
   return out;
 }
+
+const CidrField = (description: string) =>
+  Type.Optional(Type.Union([Type.String({ maxLength: 64 }), Type.Null()], { description }));
+
+export const ServiceCreateBody = Type.Object({
+  target_peer_id: Type.String({ minLength: 1, maxLength: 256 }),
+  source_peer_id: Type.Optional(
+    Type.String({ minLength: 1, maxLength: 256, description: 'default: the local peer' }),
+  ),
+  transport_type: Type.Optional(
+    Type.Unsafe<string>({ type: 'string', enum: ['tcp', 'kcp'], default: 'tcp' }),
+  ),
+  requires_interface: Type.Optional(
+    Type.Boolean({ default: false, description: 'creates a MACVLAN interface' }),
+  ),
+  desired_ipv4_cidr: CidrField('IPv4 address/prefix of the interface; needs requires_interface'),
+  desired_ipv6_cidr: CidrField('IPv6 address/prefix of the interface; needs requires_interface'),
+  fully_transparent: Type.Optional(
+    Type.Boolean({ default: false, description: 'needs transport_type tcp and requires_interface true' }),
+  ),
+  bandwidth_limit_mbps: Type.Optional(
+    Type.Integer({ minimum: 0, maximum: 1_000_000, default: 0, description: '0: unlimited' }),
+  ),
+});
+
+export const ServiceUpdateBody = Type.Object({
+  requires_interface: Type.Optional(Type.Boolean()),
+  desired_ipv4_cidr: CidrField('IPv4 address/prefix of the interface; null clears it'),
+  desired_ipv6_cidr: CidrField('IPv6 address/prefix of the interface; null clears it'),
+  bandwidth_limit_mbps: Type.Optional(Type.Integer({ minimum: 0, maximum: 1_000_000 })),
+  transport_type: Type.Optional(
+    Type.String({ description: 'fixed at creation: only its current value is accepted' }),
+  ),
+  fully_transparent: Type.Optional(
+    Type.Boolean({ description: 'fixed at creation: only its current value is accepted' }),
+  ),
+  source_peer_id: Type.Optional(Type.String({ description: 'fixed at creation' })),
+  target_peer_id: Type.Optional(Type.String({ description: 'fixed at creation' })),
+});
+
+const serviceCommon = {
+  id: Type.String(),
+  source_peer_id: Type.String(),
+  target_peer_id: Type.String(),
+  transport_type: Type.String(),
+  requires_interface: Type.Boolean(),
+  interface_ipv4_cidr: NullableString,
+  interface_ipv6_cidr: NullableString,
+  fully_transparent: Type.Boolean(),
+  bandwidth_limit_mbps: Type.Integer(),
+  created_at: Timestamp,
+  is_active: Type.Boolean({ description: 'false while a peer involved is inactive' }),
+  version: Type.Integer(),
+};
+
+export const ServiceListItem = Type.Object({ ...serviceCommon, route_count: Type.Integer() });
+
+export const ServiceRouteItem = Type.Object({
+  id: Type.Integer(),
+  priority: Type.Integer(),
+  source_cidr: NullableString,
+  dest_cidr: NullableString,
+});
+
+export const ServiceSingle = Type.Object({ ...serviceCommon, routes: Type.Array(ServiceRouteItem) });
+
+export const ServiceCreated = Type.Object({
+  id: Type.String(),
+  source_peer_id: Type.String(),
+  target_peer_id: Type.String(),
+  transport_type: Type.String(),
+  requires_interface: Type.Boolean(),
+  created_at: Timestamp,
+});
+
+export const Route = Type.Object({
+  id: Type.Integer(),
+  service_id: Type.String(),
+  priority: Type.Integer(),
+  source_cidr: NullableString,
+  dest_cidr: NullableString,
+});
+
+const RouteCidr = Type.Optional(Type.Union([Type.String({ maxLength: 64 }), Type.Null()]));
+
+export const RoutesCreateBody = Type.Object({
+  routes: Type.Array(
+    Type.Object({
+      priority: Type.Integer({ minimum: 0, maximum: 65535, description: 'lower wins' }),
+      source_cidr: RouteCidr,
+      dest_cidr: RouteCidr,
+    }),
+    { minItems: 1, maxItems: 1000 },
+  ),
+});
+
+export const RouteUpdateBody = Type.Object({
+  priority: Type.Optional(Type.Integer({ minimum: 0, maximum: 65535 })),
+  source_cidr: RouteCidr,
+  dest_cidr: RouteCidr,
+});
+
+export const RoutesCreated = Type.Object({ route_ids: Type.Array(Type.Integer()), count: Type.Integer() });
+
+export const RouteIdParam = Type.Integer({ minimum: 1, maximum: Number.MAX_SAFE_INTEGER });
+export const IdParam = Type.String({ minLength: 1, maxLength: 256 });
+
+export const PeerCreateBody = Type.Object({
+  address: Type.String({
+    minLength: 1,
+    maxLength: 300,
+    description: 'management API host:port of the new peer',
+  }),
+});
+
+export const PeerUpdateBody = Type.Object({ name: Type.Optional(Type.String({ maxLength: 255 })) });
+
+export const PeerDeactivated = Type.Object({
+  peer_id: Type.String(),
+  version: Type.Integer(),
+  is_active: Type.Boolean(),
+  deactivated_at: NullableTimestamp,
+});
+
+export const ClusterInitBody = Type.Object({ force: Type.Optional(Type.Boolean({ default: false })) });
+
+export const ClusterInitResponse = Type.Object({
+  cluster_id: Type.String(),
+  created_by: Type.String(),
+  oldest_peer_id: Type.String(),
+  was_created: Type.Boolean(),
+  message: Type.String(),
+});
+
+export const SyncResponse = Type.Object({ triggered: Type.Boolean() });
+
+const Base64 = Type.String({ minLength: 1, maxLength: 200 });
+
+export const HandshakePeerInfoSchema = Type.Object({
+  peer_id: Type.String({ minLength: 1, maxLength: 256 }),
+  public_key: Base64,
+  address: Type.String({ minLength: 1, maxLength: 300 }),
+  license_id: Type.String({ maxLength: 256 }),
+  cluster_id: Type.String({ maxLength: 256 }),
+  cluster_created_by: Type.String({ maxLength: 256 }),
+  oldest_peer_id: Type.String({ maxLength: 256 }),
+  oldest_peer_created_at: Type.String({ format: 'date-time' }),
+  active_peer_ids: Type.Array(Type.String({ maxLength: 256 }), { maxItems: 10_000 }),
+});
+
+export const HelloBody = Type.Object({
+  version: Type.Integer(),
+  initiator: HandshakePeerInfoSchema,
+  nonce_a: Base64,
+});
+
+export const HelloReply = Type.Object({
+  version: Type.Integer(),
+  responder: HandshakePeerInfoSchema,
+  nonce_b: Type.String(),
+  signature_b: Type.String(),
+});
+
+export const ConfirmBody = Type.Object({ nonce_b: Base64, signature_a: Base64 });
+export const ConfirmReply = Type.Object({ accepted: Type.Boolean(), peer_id: Type.String() });

@@ -1,7 +1,7 @@
 /**
  * Store records as the API shows them: the documented field names and forms. Pure.
  */
-import type { PeerRecord } from '../store/records.js';
+import type { PeerRecord, RouteRecord, ServiceRecord } from '../store/records.js';
 
 export function peerView(p: PeerRecord, localPeerId: string | undefined) {
   return {
@@ -16,3 +16,53 @@ export function peerView(p: PeerRecord, localPeerId: string | undefined) {
     deactivated_at: p.deactivatedAt,
   };
 }
+
+/** Fields shared by the list and single forms of a service. */
+function serviceCommon(s: ServiceRecord, isActive: boolean) {
+  return {
+    id: s.id,
+    source_peer_id: s.sourcePeerId,
+    target_peer_id: s.targetPeerId,
+    transport_type: s.transportType,
+    requires_interface: s.requiresInterface,
+    interface_ipv4_cidr: s.requiresInterface ? s.desiredIpv4Cidr : null,
+    interface_ipv6_cidr: s.requiresInterface ? s.desiredIpv6Cidr : null,
+    fully_transparent: s.fullyTransparent,
+    bandwidth_limit_mbps: s.bandwidthLimitMbps,
+    created_at: s.createdAt,
+    is_active: isActive,
+    version: s.version,
+  };
+}
+
+export const serviceListView = (s: ServiceRecord, routeCount: number, isActive: boolean) => ({
+  ...serviceCommon(s, isActive),
+  route_count: routeCount,
+});
+
+export const serviceSingleView = (s: ServiceRecord, routes: RouteRecord[], isActive: boolean) => ({
+  ...serviceCommon(s, isActive),
+  routes: routes.map((r) => ({
+    id: r.id,
+    priority: r.priority,
+    source_cidr: r.sourceCidr,
+    dest_cidr: r.destCidr,
+  })),
+});
+
+export const serviceCreatedView = (s: ServiceRecord) => ({
+  id: s.id,
+  source_peer_id: s.sourcePeerId,
+  target_peer_id: s.targetPeerId,
+  transport_type: s.transportType,
+  requires_interface: s.requiresInterface,
+  created_at: s.createdAt,
+});
+
+export const routeView = (r: RouteRecord) => ({
+  id: r.id,
+  service_id: r.serviceId,
+  priority: r.priority,
+  source_cidr: r.sourceCidr,
+  dest_cidr: r.destCidr,
+});

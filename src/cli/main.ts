@@ -69,8 +69,19 @@ async function serve(argv: string[]): Promise<void> {
   process.once('SIGINT', () => shutdown('SIGINT'));
 }
 
+/** parseArgs rejects unknown flags and missing values: usage errors (exit 2), as for serve. */
+function parseFlags<T>(parse: () => T): T {
+  try {
+    return parse();
+  } catch (err) {
+    throw new UsageError((err as Error).message);
+  }
+}
+
 function licenseKeygen(argv: string[]): void {
-  const { values } = parseArgs({ args: argv, options: { out: { type: 'string' } }, strict: true });
+  const { values } = parseFlags(() =>
+    parseArgs({ args: argv, options: { out: { type: 'string' } }, strict: true }),
+  );
   if (!values.out) throw new UsageError('license keygen needs --out DIR');
   mkdirSync(values.out, { recursive: true, mode: 0o700 });
   const pair = generateLicenseKeyPair();
@@ -82,19 +93,21 @@ function licenseKeygen(argv: string[]): void {
 }
 
 function licenseSign(argv: string[]): void {
-  const { values } = parseArgs({
-    args: argv,
-    strict: true,
-    options: {
-      key: { type: 'string' },
-      'customer-id': { type: 'string' },
-      'license-id': { type: 'string' },
-      'max-nodes': { type: 'string' },
-      'max-services': { type: 'string' },
-      'expires-at': { type: 'string' },
-      'issued-at': { type: 'string' },
-    },
-  });
+  const { values } = parseFlags(() =>
+    parseArgs({
+      args: argv,
+      strict: true,
+      options: {
+        key: { type: 'string' },
+        'customer-id': { type: 'string' },
+        'license-id': { type: 'string' },
+        'max-nodes': { type: 'string' },
+        'max-services': { type: 'string' },
+        'expires-at': { type: 'string' },
+        'issued-at': { type: 'string' },
+      },
+    }),
+  );
   const required = ['key', 'customer-id', 'license-id', 'max-nodes', 'max-services', 'expires-at'] as const;
   const missing = required.filter((k) => values[k] === undefined);
   if (missing.length > 0)

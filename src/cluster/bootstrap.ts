@@ -46,7 +46,7 @@ export interface BootstrapDeps {
 export function bootstrapAgent(deps: BootstrapDeps, input: BootstrapInput): BootstrapResult {
   const { store, identity, hasher, clock } = deps;
   if (store.agentState()) throw new ApiError('ALREADY_BOOTSTRAPPED', 'this agent is already bootstrapped');
-  verifyLicense(input.license, deps.trustedLicenseKeys, clock.now());
+  const { expiresAtMs } = verifyLicense(input.license, deps.trustedLicenseKeys, clock.now());
 
   const now = isoTime(clock.now());
   const clientId = newClientId();
@@ -59,6 +59,7 @@ export function bootstrapAgent(deps: BootstrapDeps, input: BootstrapInput): Boot
       clusterId,
       description: input.description ?? '',
       bootstrappedAt: now,
+      clusterCreatedBy: identity.peerId,
     },
     localPeer: {
       id: identity.peerId,
@@ -95,7 +96,9 @@ export function bootstrapAgent(deps: BootstrapDeps, input: BootstrapInput): Boot
     client_secret: clientSecret,
     license_id: input.license.license_id,
     cluster_id: clusterId,
-    expires_at: input.license.expires_at,
+    // The license keeps the text it was signed with; the answer gives the time in the API's
+    // one timestamp form (UTC, milliseconds, Z: DECISIONS §3), whatever offset the vendor used.
+    expires_at: isoTime(expiresAtMs),
     max_nodes: input.license.max_nodes,
     max_services: input.license.max_services,
   };

@@ -55,4 +55,40 @@ export const MIGRATIONS: readonly string[] = [
     valid_until TEXT
   ) STRICT;
   `,
+  // 2: services and routes; who created the cluster.
+  `
+  ALTER TABLE agent_state ADD COLUMN cluster_created_by TEXT NOT NULL DEFAULT '';
+  UPDATE agent_state SET cluster_created_by = local_peer_id WHERE cluster_created_by = '';
+
+  CREATE TABLE services (
+    id                   TEXT PRIMARY KEY,
+    source_peer_id       TEXT NOT NULL REFERENCES peers (id) ON DELETE CASCADE,
+    target_peer_id       TEXT NOT NULL REFERENCES peers (id) ON DELETE CASCADE,
+    transport_type       TEXT NOT NULL CHECK (transport_type IN ('tcp', 'kcp')),
+    requires_interface   INTEGER NOT NULL CHECK (requires_interface IN (0, 1)),
+    desired_ipv4_cidr    TEXT,
+    desired_ipv6_cidr    TEXT,
+    fully_transparent    INTEGER NOT NULL CHECK (fully_transparent IN (0, 1)),
+    bandwidth_limit_mbps INTEGER NOT NULL CHECK (bandwidth_limit_mbps >= 0),
+    version              INTEGER NOT NULL DEFAULT 1,
+    created_at           TEXT NOT NULL,
+    updated_at           TEXT NOT NULL,
+    UNIQUE (source_peer_id, target_peer_id),
+    CHECK (source_peer_id <> target_peer_id)
+  ) STRICT;
+  CREATE INDEX services_target ON services (target_peer_id);
+
+  CREATE TABLE routes (
+    id          INTEGER PRIMARY KEY CHECK (id BETWEEN 1 AND 9007199254740991),
+    service_id  TEXT NOT NULL REFERENCES services (id) ON DELETE CASCADE,
+    priority    INTEGER NOT NULL CHECK (priority BETWEEN 0 AND 65535),
+    source_cidr TEXT,
+    dest_cidr   TEXT,
+    version     INTEGER NOT NULL DEFAULT 1,
+    created_at  TEXT NOT NULL,
+    updated_at  TEXT NOT NULL,
+    CHECK (source_cidr IS NOT NULL OR dest_cidr IS NOT NULL)
+  ) STRICT;
+  CREATE INDEX routes_service ON routes (service_id);
+  `,
 ];

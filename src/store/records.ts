@@ -11,6 +11,7 @@ export interface AgentState {
   clusterId: string;
   description: string;
   bootstrappedAt: string;
+  clusterCreatedBy: string;
 }
 
 export interface PeerRecord {
@@ -42,4 +43,32 @@ export interface ClusterSecretRecord {
   rotatedAt: string;
   /** null for the current secret; the grace deadline for a rotated-out one. */
   validUntil: string | null;
+}
+
+export type TransportType = 'tcp' | 'kcp';
+
+export interface ServiceRecord {
+  id: string;
+  sourcePeerId: string;
+  targetPeerId: string;
+  transportType: TransportType;
+  requiresInterface: boolean;
+  desiredIpv4Cidr: string | null;
+  desiredIpv6Cidr: string | null;
+  fullyTransparent: boolean;
+  bandwidthLimitMbps: number;
+  version: number;
+  createdAt: string;
+  updatedAt: string;
+}
+
+export interface RouteRecord {
+  id: number;
+  serviceId: string;
+  priority: number;
+  sourceCidr: string | null;
+  destCidr: string | null;
+  version: number;
+  createdAt: string;
+  updatedAt: string;
 }

@@ -5,7 +5,15 @@
 import type { License } from '../domain/license.js';
 import type { Scope } from '../domain/scopes.js';
 import { type Db, openDatabase } from './database.js';
-import type { AgentState, ClusterSecretRecord, CredentialRecord, PeerRecord } from './records.js';
+import type {
+  AgentState,
+  ClusterSecretRecord,
+  CredentialRecord,
+  PeerRecord,
+  RouteRecord,
+  ServiceRecord,
+  TransportType,
+} from './records.js';
 
 interface PeerRow {
   id: string;
@@ -15,6 +23,32 @@ interface PeerRow {
   is_active: number;
   version: number;
   deactivated_at: string | null;
+  created_at: string;
+  updated_at: string;
+}
+
+interface ServiceRow {
+  id: string;
+  source_peer_id: string;
+  target_peer_id: string;
+  transport_type: TransportType;
+  requires_interface: number;
+  desired_ipv4_cidr: string | null;
+  desired_ipv6_cidr: string | null;
+  fully_transparent: number;
+  bandwidth_limit_mbps: number;
+  version: number;
+  created_at: string;
+  updated_at: string;
+}
+
+interface RouteRow {
+  id: number;
+  service_id: string;
+  priority: number;
+  source_cidr: string | null;
+  dest_cidr: string | null;
+  version: number;
   created_at: string;
   updated_at: string;
 }
@@ -48,6 +82,44 @@ const toPeer = (r: PeerRow): PeerRecord => ({
   createdAt: r.created_at,
   updatedAt: r.updated_at,
 });
+
+const toService = (r: ServiceRow): ServiceRecord => ({
+  id: r.id,
+  sourcePeerId: r.source_peer_id,
+  targetPeerId: r.target_peer_id,
+  transportType: r.transport_type,
+  requiresInterface: r.requires_interface === 1,
+  desiredIpv4Cidr: r.desired_ipv4_cidr,
+  desiredIpv6Cidr: r.desired_ipv6_cidr,
+  fullyTransparent: r.fully_transparent === 1,
+  bandwidthLimitMbps: r.bandwidth_limit_mbps,
+  version: r.version,
+  createdAt: r.created_at,
+  updatedAt: r.updated_at,
+});
+
+const serviceParams = (s: ServiceRecord) => ({
+  ...s,
+  requiresInterface: s.requiresInterface ? 1 : 0,
+  fullyTransparent: s.fullyTransparent ? 1 : 0,
+});
+
+const toRoute = (r: RouteRow): RouteRecord => ({
+  id: r.id,
+  serviceId: r.service_id,
+  priority: r.priority,
+  sourceCidr: r.source_cidr,
+  destCidr: r.dest_cidr,
+  version: r.version,
+  createdAt: r.created_at,
+  updatedAt: r.updated_at,
+});
+
+export interface ServiceFilter {
+  sourcePeerId?: string | undefined;
+  targetPeerId?: string | undefined;
+  requiresInterface?: boolean | undefined;
+}
 
 const toCredential = (r: CredentialRow): CredentialRecord => ({
   clientId: r.client_id,
@@ -100,6 +172,49 @@ export class Store {
          VALUES (@version, @clientId, @secretHash, @rotatedBy, @rotatedAt, @validUntil)`,
       ),
       retireClusterSecret: db.prepare('UPDATE cluster_secrets SET valid_until = ? WHERE version = ?'),
+      updatePeer: db.prepare(
+        `UPDATE peers SET name = @name, address = @address, is_active = @isActive, version = @version,
+           deactivated_at = @deactivatedAt, updated_at = @updatedAt WHERE id = @id`,
+      ),
+      deletePeer: db.prepare('DELETE FROM peers WHERE id = ?'),
+      activePeerIds: db.prepare('SELECT id FROM peers WHERE is_active = 1'),
+      setCluster: db.prepare(
+        'UPDATE agent_state SET cluster_id = ?, cluster_created_by = ? WHERE singleton = 1',
+      ),
+      serviceById: db.prepare('SELECT * FROM services WHERE id = ?'),
+      servicePair: db.prepare('SELECT id FROM services WHERE source_peer_id = ? AND target_peer_id = ?'),
+      services: db.prepare(
+        `SELECT * FROM services
+         WHERE (@sourcePeerId IS NULL OR source_peer_id = @sourcePeerId)
+           AND (@targetPeerId IS NULL OR target_peer_id = @targetPeerId)
+           AND (@requiresInterface IS NULL OR requires_interface = @requiresInterface)
+         ORDER BY created_at, id`,
+      ),
+      serviceCount: db.prepare('SELECT count(*) AS n FROM services'),
+      routeCounts: db.prepare('SELECT service_id, count(*) AS n FROM routes GROUP BY service_id'),
+      insertService: db.prepare(
+        `INSERT INTO services (id, source_peer_id, target_peer_id, transport_type, requires_interface,
+           desired_ipv4_cidr, desired_ipv6_cidr, fully_transparent, bandwidth_limit_mbps, version, created_at, updated_at)
+         VALUES (@id, @sourcePeerId, @targetPeerId, @transportType, @requiresInterface, @desiredIpv4Cidr,
+           @desiredIpv6Cidr, @fullyTransparent, @bandwidthLimitMbps, @version, @createdAt, @updatedAt)`,
+      ),
+      updateService: db.prepare(
+        `UPDATE services SET requires_interface = @requiresInterface, desired_ipv4_cidr = @desiredIpv4Cidr,
+           desired_ipv6_cidr = @desiredIpv6Cidr, bandwidth_limit_mbps = @bandwidthLimitMbps,
+           version = @version, updated_at = @updatedAt WHERE id = @id`,
+      ),
+      deleteService: db.prepare('DELETE FROM services WHERE id = ?'),
+      routesOf: db.prepare('SELECT * FROM routes WHERE service_id = ? ORDER BY priority, id'),
+      routeById: db.prepare('SELECT * FROM routes WHERE id = ?'),
+      insertRoute: db.prepare(
+        `INSERT INTO routes (id, service_id, priority, source_cidr, dest_cidr, version, created_at, updated_at)
+         VALUES (@id, @serviceId, @priority, @sourceCidr, @destCidr, @version, @createdAt, @updatedAt)`,
+      ),
+      updateRoute: db.prepare(
+        `UPDATE routes SET priority = @priority, source_cidr = @sourceCidr, dest_cidr = @destCidr,
+           version = @version, updated_at = @updatedAt WHERE id = @id`,
+      ),
+      deleteRoute: db.prepare('DELETE FROM routes WHERE id = ?'),
       insertPeer: db.prepare(
         `INSERT INTO peers (id, name, public_key, address, is_active, version, deactivated_at, created_at, updated_at)
          VALUES (@id, @name, @publicKey, @address, @isActive, @version, @deactivatedAt, @createdAt, @updatedAt)`,
@@ -126,6 +241,7 @@ export class Store {
           cluster_id: string;
           description: string;
           bootstrapped_at: string;
+          cluster_created_by: string;
         }
       | undefined;
     if (!row) return undefined;
@@ -135,6 +251,7 @@ export class Store {
       clusterId: row.cluster_id,
       description: row.description,
       bootstrappedAt: row.bootstrapped_at,
+      clusterCreatedBy: row.cluster_created_by,
     };
   }
 
@@ -145,8 +262,8 @@ export class Store {
       this.db
         .prepare(
           `INSERT INTO agent_state (singleton, license_json, license_id, customer_id, issued_at, expires_at,
-             max_nodes, max_services, local_peer_id, cluster_id, description, bootstrapped_at)
-           VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+             max_nodes, max_services, local_peer_id, cluster_id, description, bootstrapped_at, cluster_created_by)
+           VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
         )
         .run(
           JSON.stringify(state.license),
@@ -160,6 +277,7 @@ export class Store {
           state.clusterId,
           state.description,
           state.bootstrappedAt,
+          state.clusterCreatedBy,
         );
       this.insertPeer(localPeer);
       this.insertCredential(firstCredential);
@@ -178,8 +296,92 @@ export class Store {
     return (this.stmts.peers.all() as PeerRow[]).map(toPeer);
   }
 
-  private insertPeer(p: PeerRecord): void {
+  insertPeer(p: PeerRecord): void {
     this.stmts.insertPeer.run({ ...p, isActive: p.isActive ? 1 : 0 });
+  }
+
+  /** Writes every field of the peer except id, public key and created_at. */
+  updatePeer(p: PeerRecord): void {
+    this.stmts.updatePeer.run({ ...p, isActive: p.isActive ? 1 : 0 });
+  }
+
+  /** Deletes the peer and, by cascade, every service (and its routes) that involves it. */
+  deletePeer(id: string): boolean {
+    return this.stmts.deletePeer.run(id).changes === 1;
+  }
+
+  activePeerIds(): string[] {
+    return (this.stmts.activePeerIds.all() as { id: string }[]).map((r) => r.id);
+  }
+
+  setCluster(clusterId: string, createdBy: string): void {
+    this.stmts.setCluster.run(clusterId, createdBy);
+  }
+
+  // --- services ----------------------------------------------------------------------------
+
+  service(id: string): ServiceRecord | undefined {
+    const row = this.stmts.serviceById.get(id) as ServiceRow | undefined;
+    return row && toService(row);
+  }
+
+  serviceIdForPair(sourcePeerId: string, targetPeerId: string): string | undefined {
+    return (this.stmts.servicePair.get(sourcePeerId, targetPeerId) as { id: string } | undefined)?.id;
+  }
+
+  services(filter: ServiceFilter = {}): ServiceRecord[] {
+    const rows = this.stmts.services.all({
+      sourcePeerId: filter.sourcePeerId ?? null,
+      targetPeerId: filter.targetPeerId ?? null,
+      requiresInterface: filter.requiresInterface === undefined ? null : filter.requiresInterface ? 1 : 0,
+    }) as ServiceRow[];
+    return rows.map(toService);
+  }
+
+  serviceCount(): number {
+    return (this.stmts.serviceCount.get() as { n: number }).n;
+  }
+
+  routeCounts(): Map<string, number> {
+    const rows = this.stmts.routeCounts.all() as { service_id: string; n: number }[];
+    return new Map(rows.map((r) => [r.service_id, r.n]));
+  }
+
+  insertService(s: ServiceRecord): void {
+    this.stmts.insertService.run(serviceParams(s));
+  }
+
+  /** Writes the fields PUT may change, plus version and updated_at. */
+  updateService(s: ServiceRecord): void {
+    this.stmts.updateService.run(serviceParams(s));
+  }
+
+  /** Deletes the service and, by cascade, its routes. */
+  deleteService(id: string): boolean {
+    return this.stmts.deleteService.run(id).changes === 1;
+  }
+
+  // --- routes ------------------------------------------------------------------------------
+
+  routesOf(serviceId: string): RouteRecord[] {
+    return (this.stmts.routesOf.all(serviceId) as RouteRow[]).map(toRoute);
+  }
+
+  route(id: number): RouteRecord | undefined {
+    const row = this.stmts.routeById.get(id) as RouteRow | undefined;
+    return row && toRoute(row);
+  }
+
+  insertRoute(r: RouteRecord): void {
+    this.stmts.insertRoute.run(r);
+  }
+
+  updateRoute(r: RouteRecord): void {
+    this.stmts.updateRoute.run(r);
+  }
+
+  deleteRoute(id: number): boolean {
+    return this.stmts.deleteRoute.run(id).changes === 1;
   }
 
   // --- API credentials ---------------------------------------------------------------------

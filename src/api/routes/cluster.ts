@@ -1,6 +1,6 @@
 /**
- * Cluster endpoints that exist on one node: the public identity, the cluster credential and
- * its rotation. init and sync arrive with peers (part 2).
+ * Cluster endpoints: the public identity, init and sync, the cluster credential and its
+ * rotation.
  */
 import type { FastifyInstance } from 'fastify';
 import { notFound } from '../../domain/errors.js';
@@ -8,8 +8,11 @@ import type { AppDeps } from '../app.js';
 import {
   ClusterCredentialResponse,
   ClusterIdentity,
+  ClusterInitBody,
+  ClusterInitResponse,
   errorResponses,
   RotatedClusterCredential,
+  SyncResponse,
 } from '../schemas.js';
 
 export function registerClusterRoutes(app: FastifyInstance, deps: AppDeps): void {
@@ -64,6 +67,43 @@ export function registerClusterRoutes(app: FastifyInstance, deps: AppDeps): void
       const rotated = deps.clusterCredential.rotate(state.localPeerId);
       request.log.info({ version: rotated.version }, 'cluster credential rotated');
       return rotated;
+    },
+  );
+
+  app.post(
+    '/v1/cluster/init',
+    {
+      schema: {
+        tags: ['cluster'],
+        summary: 'Return the cluster, or with force a new cluster id that gossip carries to every peer',
+        security: [{ oauth2: ['urn:vendor:service:admin'] }],
+        body: ClusterInitBody,
+        response: { 200: ClusterInitResponse, ...errorResponses(400, 401, 403, 413) },
+      },
+    },
+    async (request) => {
+      const result = deps.peers.initCluster(
+        (request.body as { force?: boolean } | undefined)?.force ?? false,
+      );
+      if (result.was_created) request.log.warn({ cluster_id: result.cluster_id }, 'new cluster id generated');
+      return result;
+    },
+  );
+
+  app.post(
+    '/v1/cluster/sync',
+    {
+      schema: {
+        tags: ['cluster'],
+        summary: 'Trigger gossip heartbeats, configuration regeneration and subsystem processing now',
+        security: [{ oauth2: ['urn:vendor:service:admin'] }],
+        response: { 200: SyncResponse, ...errorResponses(401, 403) },
+      },
+    },
+    async (request) => {
+      deps.sync();
+      request.log.info('sync triggered');
+      return { triggered: true };
     },
   );
 }

@@ -1,0 +1,224 @@
+/** `/v1/services` and `/v1/services/{service_id}/routes`: the replicated service configuration. */
+import { type Static, Type } from '@sinclair/typebox';
+import type { FastifyInstance } from 'fastify';
+import type { ServiceCreate, ServiceUpdate } from '../../cluster/service-config.js';
+import type { ServiceRecord } from '../../store/records.js';
+import type { AppDeps } from '../app.js';
+import type { ValidationCodes } from '../error-reply.js';
+import {
+  Deleted,
+  errorResponses,
+  IdParam,
+  Route,
+  RouteIdParam,
+  RoutesCreateBody,
+  RoutesCreated,
+  RouteUpdateBody,
+  ServiceCreateBody,
+  ServiceCreated,
+  ServiceListItem,
+  ServiceSingle,
+  ServiceUpdateBody,
+} from '../schemas.js';
+import { routeView, serviceCreatedView, serviceListView, serviceSingleView } from '../views.js';
+
+const read = [{ oauth2: ['urn:vendor:service:services.read'] }];
+const write = [{ oauth2: ['urn:vendor:service:services.write'] }];
+const serviceParams = Type.Object({ id: IdParam });
+const routeParams = Type.Object({ service_id: IdParam, route_id: RouteIdParam });
+const transportCodes: ValidationCodes = { validationCodes: { transport_type: 'INVALID_TRANSPORT' } };
+const cidrCodes: ValidationCodes = {
+  validationCodes: { source_cidr: 'INVALID_CIDR', dest_cidr: 'INVALID_CIDR' },
+};
+
+export function registerServiceRoutes(app: FastifyInstance, deps: AppDeps): void {
+  const { services, store } = deps;
+  const isActive = (s: ServiceRecord, active: Set<string>) =>
+    active.has(s.sourcePeerId) && active.has(s.targetPeerId);
+
+  app.get(
+    '/v1/services',
+    {
+      schema: {
+        tags: ['services'],
+        summary: 'List services (list form), filtered by any of the query fields',
+        security: read,
+        querystring: Type.Object({
+          source_peer_id: Type.Optional(IdParam),
+          target_peer_id: Type.Optional(IdParam),
+          requires_interface: Type.Optional(Type.Boolean()),
+        }),
+        response: { 200: Type.Array(ServiceListItem), ...errorResponses(400, 401, 403) },
+      },
+    },
+    async (request) => {
+      const q = request.query as {
+        source_peer_id?: string;
+        target_peer_id?: string;
+        requires_interface?: boolean;
+      };
+      const active = new Set(store.activePeerIds());
+      return services
+        .list({
+          sourcePeerId: q.source_peer_id,
+          targetPeerId: q.target_peer_id,
+          requiresInterface: q.requires_interface,
+        })
+        .map(({ service, routeCount }) => serviceListView(service, routeCount, isActive(service, active)));
+    },
+  );
+
+  app.get(
+    '/v1/services/:id',
+    {
+      schema: {
+        tags: ['services'],
+        summary: 'One service (single form, with its routes)',
+        security: read,
+        params: serviceParams,
+        response: { 200: ServiceSingle, ...errorResponses(400, 401, 403, 404) },
+      },
+    },
+    async (request) => {
+      const { service, routes } = services.get((request.params as { id: string }).id);
+      return serviceSingleView(service, routes, isActive(service, new Set(store.activePeerIds())));
+    },
+  );
+
+  app.post(
+    '/v1/services',
+    {
+      config: transportCodes,
+      schema: {
+        tags: ['services'],
+        summary: 'Create a service (create form); unique per (source, target) pair',
+        security: write,
+        body: ServiceCreateBody,
+        response: { 201: ServiceCreated, ...errorResponses(400, 401, 403, 404, 409, 413, 422) },
+      },
+    },
+    async (request, reply) => {
+      const created = services.create(request.body as ServiceCreate);
+      request.log.info({ service_id: created.id }, 'service created');
+      return reply.code(201).send(serviceCreatedView(created));
+    },
+  );
+
+  app.put(
+    '/v1/services/:id',
+    {
+      config: transportCodes,
+      schema: {
+        tags: ['services'],
+        summary: 'Change a service; only the fields given change; answers with the single form',
+        security: write,
+        params: serviceParams,
+        body: ServiceUpdateBody,
+        response: { 200: ServiceSingle, ...errorResponses(400, 401, 403, 404, 413) },
+      },
+    },
+    async (request) => {
+      const id = (request.params as { id: string }).id;
+      const updated = services.update(id, request.body as ServiceUpdate & Static<typeof ServiceUpdateBody>);
+      request.log.info({ service_id: id, version: updated.version }, 'service updated');
+      return serviceSingleView(
+        updated,
+        store.routesOf(id),
+        isActive(updated, new Set(store.activePeerIds())),
+      );
+    },
+  );
+
+  app.delete(
+    '/v1/services/:id',
+    {
+      schema: {
+        tags: ['services'],
+        summary: 'Delete a service and all its routes',
+        security: write,
+        params: serviceParams,
+        response: { 200: Deleted, ...errorResponses(400, 401, 403, 404) },
+      },
+    },
+    async (request) => {
+      const id = (request.params as { id: string }).id;
+      services.delete(id);
+      request.log.info({ service_id: id }, 'service deleted');
+      return { deleted: true as const };
+    },
+  );
+
+  app.get(
+    '/v1/services/:service_id/routes',
+    {
+      schema: {
+        tags: ['routes'],
+        summary: "A service's routes",
+        security: read,
+        params: Type.Object({ service_id: IdParam }),
+        response: { 200: Type.Array(Route), ...errorResponses(400, 401, 403, 404) },
+      },
+    },
+    async (request) => services.routes((request.params as { service_id: string }).service_id).map(routeView),
+  );
+
+  app.post(
+    '/v1/services/:service_id/routes',
+    {
+      config: cidrCodes,
+      schema: {
+        tags: ['routes'],
+        summary: 'Add routes: all of them or none',
+        security: write,
+        params: Type.Object({ service_id: IdParam }),
+        body: RoutesCreateBody,
+        response: { 201: RoutesCreated, ...errorResponses(400, 401, 403, 404, 413) },
+      },
+    },
+    async (request, reply) => {
+      const serviceId = (request.params as { service_id: string }).service_id;
+      const ids = services.addRoutes(serviceId, (request.body as Static<typeof RoutesCreateBody>).routes);
+      request.log.info({ service_id: serviceId, count: ids.length }, 'routes added');
+      return reply.code(201).send({ route_ids: ids, count: ids.length });
+    },
+  );
+
+  app.put(
+    '/v1/services/:service_id/routes/:route_id',
+    {
+      config: cidrCodes,
+      schema: {
+        tags: ['routes'],
+        summary: 'Change a route; only the fields given change',
+        security: write,
+        params: routeParams,
+        body: RouteUpdateBody,
+        response: { 200: Route, ...errorResponses(400, 401, 403, 404, 413) },
+      },
+    },
+    async (request) => {
+      const { service_id, route_id } = request.params as { service_id: string; route_id: number };
+      return routeView(
+        services.updateRoute(service_id, route_id, request.body as Static<typeof RouteUpdateBody>),
+      );
+    },
+  );
+
+  app.delete(
+    '/v1/services/:service_id/routes/:route_id',
+    {
+      schema: {
+        tags: ['routes'],
+        summary: 'Delete a route',
+        security: write,
+        params: routeParams,
+        response: { 200: Deleted, ...errorResponses(400, 401, 403, 404) },
+      },
+    },
+    async (request) => {
+      const { service_id, route_id } = request.params as { service_id: string; route_id: number };
+      services.deleteRoute(service_id, route_id);
+      return { deleted: true as const };
+    },
+  );
+}

@@ -1,0 +1,123 @@
+/**
+ * The peer handshake's messages and signatures (DECISIONS §5), pure. Two agents prove
+ * possession of their Ed25519 keys by each signing a fresh nonce chosen by the other:
+ *
+ *   initiator                                   responder
+ *   GET  /v1/cluster/identity  ---------------> (public: peer_id, public_key, license_id)
+ *   POST /internal/v1/handshake/hello {initiator, nonce_a}
+ *                              <--------------- {responder, nonce_b, signature_b}
+ *        signature_b = Sign_responder(RESPONDER_CONTEXT || JCS{nonce_a, nonce_b, initiator_peer_id, responder})
+ *   POST /internal/v1/handshake/confirm {nonce_b, signature_a}
+ *        signature_a = Sign_initiator(INITIATOR_CONTEXT || JCS{nonce_a, nonce_b, initiator, responder_peer_id})
+ *                              <--------------- {accepted: true}     (responder has added the initiator)
+ *   initiator adds the responder.
+ *
+ * The contexts keep a signature made for one role from being replayed as the other; nonces are
+ * single-use on the responder and expire after HANDSHAKE_TTL_MS. Neither side changes anything
+ * before the other has proven its key.
+ */
+import { createHash, randomBytes } from 'node:crypto';
+import canonicalize from 'canonicalize';
+import { peerIdFromPublicKey } from '../domain/ids.js';
+import { verifyPeerSignature } from './identity.js';
+
+export const HANDSHAKE_VERSION = 1;
+export const HANDSHAKE_TTL_MS = 10_000;
+const RESPONDER_CONTEXT = 'mesh-agent handshake v1 responder\n';
+const INITIATOR_CONTEXT = 'mesh-agent handshake v1 initiator\n';
+
+/** What each side tells the other about itself and its cluster. */
+export interface HandshakePeerInfo {
+  peer_id: string;
+  public_key: string;
+  address: string;
+  license_id: string;
+  cluster_id: string;
+  cluster_created_by: string;
+  /** The oldest active peer of its cluster, which decides whose cluster id survives a merge. */
+  oldest_peer_id: string;
+  oldest_peer_created_at: string;
+  active_peer_ids: string[];
+}
+
+export interface HelloRequest {
+  version: number;
+  initiator: HandshakePeerInfo;
+  nonce_a: string;
+}
+
+export interface HelloResponse {
+  version: number;
+  responder: HandshakePeerInfo;
+  nonce_b: string;
+  signature_b: string;
+}
+
+export interface ConfirmRequest {
+  nonce_b: string;
+  signature_a: string;
+}
+
+export const newNonce = (): string => randomBytes(32).toString('base64');
+
+function signingInput(context: string, fields: Record<string, unknown>): Buffer {
+  return Buffer.concat([Buffer.from(context, 'utf8'), Buffer.from(canonicalize(fields) ?? '', 'utf8')]);
+}
+
+export function responderSigningInput(
+  nonceA: string,
+  nonceB: string,
+  initiatorPeerId: string,
+  responder: HandshakePeerInfo,
+) {
+  return signingInput(RESPONDER_CONTEXT, {
+    nonce_a: nonceA,
+    nonce_b: nonceB,
+    initiator_peer_id: initiatorPeerId,
+    responder,
+  });
+}
+
+export function initiatorSigningInput(
+  nonceA: string,
+  nonceB: string,
+  initiator: HandshakePeerInfo,
+  responderPeerId: string,
+) {
+  return signingInput(INITIATOR_CONTEXT, {
+    nonce_a: nonceA,
+    nonce_b: nonceB,
+    initiator,
+    responder_peer_id: responderPeerId,
+  });
+}
+
+/** A peer id must be the one its public key yields: nobody can claim another agent's id. */
+export function peerIdMatchesKey(info: { peer_id: string; public_key: string }): boolean {
+  const raw = Buffer.from(info.public_key, 'base64');
+  return (
+    raw.length === 32 &&
+    raw.toString('base64') === info.public_key &&
+    peerIdFromPublicKey(raw) === info.peer_id
+  );
+}
+
+export function verifySignature(publicKey: string, input: Buffer, signatureBase64: string): boolean {
+  const signature = Buffer.from(signatureBase64, 'base64');
+  return signature.toString('base64') === signatureBase64 && verifyPeerSignature(publicKey, input, signature);
+}
+
+/**
+ * Which cluster keeps its id when two merge: the one whose oldest peer is older; ties by the
+ * lower peer id (DECISIONS §5). Both sides compute the same answer.
+ */
+export function survivingCluster(a: HandshakePeerInfo, b: HandshakePeerInfo): HandshakePeerInfo {
+  const ta = Date.parse(a.oldest_peer_created_at);
+  const tb = Date.parse(b.oldest_peer_created_at);
+  if (ta !== tb) return ta < tb ? a : b;
+  return a.oldest_peer_id <= b.oldest_peer_id ? a : b;
+}
+
+/** A short fingerprint of a nonce for logs: never the nonce itself. */
+export const nonceTag = (nonce: string): string =>
+  createHash('sha256').update(nonce).digest('hex').slice(0, 8);

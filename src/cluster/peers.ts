@@ -1,0 +1,409 @@
+/**
+ * Peer membership on this agent: adding a peer by the handshake (both roles), renaming,
+ * removing, leaving, and the cluster id (init). Gossip of these changes to the rest of the
+ * cluster arrives with the cluster issue; until then each change is local to the two agents of
+ * a handshake, or to this agent.
+ */
+import { type Clock, isoTime } from '../domain/clock.js';
+import { ApiError, type ErrorCode, invalidRequest, notFound } from '../domain/errors.js';
+import { newClusterId } from '../domain/ids.js';
+import { parsePeerAddress } from '../domain/peer-address.js';
+import type { AgentState, PeerRecord } from '../store/records.js';
+import type { Store } from '../store/store.js';
+import {
+  type ConfirmRequest,
+  HANDSHAKE_TTL_MS,
+  HANDSHAKE_VERSION,
+  type HandshakePeerInfo,
+  type HelloRequest,
+  type HelloResponse,
+  initiatorSigningInput,
+  newNonce,
+  peerIdMatchesKey,
+  responderSigningInput,
+  survivingCluster,
+  verifySignature,
+} from './handshake-protocol.js';
+import type { Identity } from './identity.js';
+import { PeerCallError, type PeerCaller } from './peer-client.js';
+
+/** Handshakes a responder keeps open at once; more are refused until some complete or expire. */
+const MAX_PENDING_HANDSHAKES = 256;
+
+/** Codes a remote may answer a handshake step with that are passed on to our caller as they are. */
+const PASSED_ON: ReadonlySet<ErrorCode> = new Set([
+  'LICENSE_MISMATCH',
+  'ALREADY_EXISTS',
+  'NODE_LIMIT_EXCEEDED',
+]);
+
+interface PendingHandshake {
+  initiator: HandshakePeerInfo;
+  nonceA: string;
+  expiresAt: number;
+}
+
+export interface Deactivation {
+  peer_id: string;
+  version: number;
+  is_active: boolean;
+  deactivated_at: string | null;
+}
+
+export interface ClusterInit {
+  cluster_id: string;
+  created_by: string;
+  oldest_peer_id: string;
+  was_created: boolean;
+  message: string;
+}
+
+export class Peers {
+  private readonly pending = new Map<string, PendingHandshake>();
+  /** One handshake of our own at a time: the checks and the write must see the same state. */
+  private queue: Promise<unknown> = Promise.resolve();
+
+  constructor(
+    private readonly store: Store,
+    private readonly identity: Identity,
+    private readonly caller: PeerCaller,
+    private readonly clock: Clock,
+  ) {}
+
+  // --- initiator ---------------------------------------------------------------------------
+
+  add(addressText: string): Promise<PeerRecord> {
+    const address = parsePeerAddress(addressText);
+    if (!address) {
+      throw invalidRequest('address must be host:port with a port from 1 to 65535 (IPv6 hosts in brackets)');
+    }
+    const run = this.queue.then(() => this.handshake(address.text));
+    this.queue = run.catch(() => undefined);
+    return run;
+  }
+
+  private async handshake(address: string): Promise<PeerRecord> {
+    const state = this.requireState();
+    const self = this.store.peer(state.localPeerId);
+    if (self?.address === address || this.store.peers().some((p) => p.address === address)) {
+      throw new ApiError('ALREADY_EXISTS', `a peer with address ${address} is already in the cluster`);
+    }
+    const identity = await this.callPeer(address, 'GET', '/v1/cluster/identity');
+    const remote = identity as Partial<Record<'peer_id' | 'public_key' | 'license_id', unknown>>;
+    if (typeof remote.peer_id !== 'string' || typeof remote.public_key !== 'string') {
+      throw handshakeFailed(`${address} did not answer with a cluster identity`);
+    }
+    if (remote.license_id !== state.license.license_id) {
+      throw new ApiError('LICENSE_MISMATCH', `the agent at ${address} runs under another license (or none)`);
+    }
+    if (remote.peer_id === state.localPeerId || this.store.peer(remote.peer_id)) {
+      throw new ApiError('ALREADY_EXISTS', `peer ${remote.peer_id} is already in the cluster`);
+    }
+    if (!peerIdMatchesKey({ peer_id: remote.peer_id, public_key: remote.public_key })) {
+      throw handshakeFailed(`${address} claims a peer id that its public key does not yield`);
+    }
+
+    const me = this.localInfo(state);
+    const nonceA = newNonce();
+    const hello = (await this.callPeer(address, 'POST', '/internal/v1/handshake/hello', {
+      version: HANDSHAKE_VERSION,
+      initiator: me,
+      nonce_a: nonceA,
+    } satisfies HelloRequest)) as Partial<HelloResponse>;
+    const responder = hello.responder;
+    if (
+      !responder ||
+      typeof hello.nonce_b !== 'string' ||
+      typeof hello.signature_b !== 'string' ||
+      !isPeerInfo(responder)
+    ) {
+      throw handshakeFailed(`${address} answered the handshake with a malformed message`);
+    }
+    // The key that signs must be the key the identity endpoint published.
+    const proven =
+      responder.peer_id === remote.peer_id &&
+      responder.public_key === remote.public_key &&
+      verifySignature(
+        remote.public_key,
+        responderSigningInput(nonceA, hello.nonce_b, me.peer_id, responder),
+        hello.signature_b,
+      );
+    if (!proven)
+      throw handshakeFailed(`${address} did not prove possession of the private key of ${remote.peer_id}`);
+    if (responder.license_id !== state.license.license_id) {
+      throw new ApiError('LICENSE_MISMATCH', `the agent at ${address} runs under another license`);
+    }
+    this.checkNodeLimit(state, responder.active_peer_ids);
+
+    const signatureA = this.identity.sign(
+      initiatorSigningInput(nonceA, hello.nonce_b, me, responder.peer_id),
+    );
+    await this.callPeer(address, 'POST', '/internal/v1/handshake/confirm', {
+      nonce_b: hello.nonce_b,
+      signature_a: signatureA.toString('base64'),
+    } satisfies ConfirmRequest);
+
+    return this.store.transaction(() => {
+      if (this.store.peer(responder.peer_id)) {
+        throw new ApiError('ALREADY_EXISTS', `peer ${responder.peer_id} is already in the cluster`);
+      }
+      const record = this.newRemotePeer(responder, address);
+      this.store.insertPeer(record);
+      this.adoptOlderCluster(me, responder);
+      return record;
+    });
+  }
+
+  /** Calls a peer; its documented refusals pass on, anything else is HANDSHAKE_FAILED. */
+  private async callPeer(
+    address: string,
+    method: 'GET' | 'POST',
+    path: string,
+    body?: unknown,
+  ): Promise<unknown> {
+    let res: Awaited<ReturnType<PeerCaller['call']>>;
+    try {
+      res = await this.caller.call(address, method, path, body);
+    } catch (err) {
+      const why = err instanceof PeerCallError ? err.message : 'connection failed';
+      throw handshakeFailed(`the agent at ${address} did not answer ${method} ${path}: ${why}`);
+    }
+    if (res.status === 200) return res.body;
+    const remote = res.body as { code?: unknown; error?: unknown };
+    const code = typeof remote?.code === 'string' ? (remote.code as ErrorCode) : undefined;
+    const text = typeof remote?.error === 'string' ? remote.error.slice(0, 200) : `status ${res.status}`;
+    if (code && PASSED_ON.has(code)) throw new ApiError(code, `the agent at ${address} refused: ${text}`);
+    throw handshakeFailed(`the agent at ${address} refused the handshake: ${text}`);
+  }
+
+  // --- responder ---------------------------------------------------------------------------
+
+  hello(req: HelloRequest): HelloResponse {
+    const state = this.store.agentState();
+    if (!state) throw new ApiError('LICENSE_MISMATCH', 'this agent is not bootstrapped: it has no license');
+    if (req.version !== HANDSHAKE_VERSION)
+      throw handshakeFailed(`handshake version ${req.version} is not supported`);
+    const initiator = req.initiator;
+    if (initiator.license_id !== state.license.license_id) {
+      throw new ApiError('LICENSE_MISMATCH', 'this agent runs under another license');
+    }
+    if (!peerIdMatchesKey(initiator)) throw handshakeFailed('the peer id does not match the public key');
+    if (!parsePeerAddress(initiator.address)) throw handshakeFailed('the initiator address is not host:port');
+    if (initiator.peer_id === state.localPeerId || this.store.peer(initiator.peer_id)) {
+      throw new ApiError('ALREADY_EXISTS', `peer ${initiator.peer_id} is already in the cluster`);
+    }
+    this.prunePending();
+    if (this.pending.size >= MAX_PENDING_HANDSHAKES) {
+      throw new ApiError('UNAVAILABLE', 'too many handshakes in progress; try again shortly');
+    }
+    const me = this.localInfo(state);
+    const nonceB = newNonce();
+    this.pending.set(nonceB, {
+      initiator,
+      nonceA: req.nonce_a,
+      expiresAt: this.clock.now() + HANDSHAKE_TTL_MS,
+    });
+    const signature = this.identity.sign(responderSigningInput(req.nonce_a, nonceB, initiator.peer_id, me));
+    return {
+      version: HANDSHAKE_VERSION,
+      responder: me,
+      nonce_b: nonceB,
+      signature_b: signature.toString('base64'),
+    };
+  }
+
+  confirm(req: ConfirmRequest): { accepted: true; peer_id: string } {
+    const pending = this.pending.get(req.nonce_b);
+    this.pending.delete(req.nonce_b);
+    if (!pending || pending.expiresAt <= this.clock.now())
+      throw handshakeFailed('unknown or expired handshake');
+    const state = this.requireState();
+    const { initiator, nonceA } = pending;
+    const input = initiatorSigningInput(nonceA, req.nonce_b, initiator, state.localPeerId);
+    if (!verifySignature(initiator.public_key, input, req.signature_a)) {
+      throw handshakeFailed(
+        `the initiator did not prove possession of the private key of ${initiator.peer_id}`,
+      );
+    }
+    const address = parsePeerAddress(initiator.address)!.text;
+    this.store.transaction(() => {
+      if (this.store.peer(initiator.peer_id) || this.store.peers().some((p) => p.address === address)) {
+        throw new ApiError('ALREADY_EXISTS', `peer ${initiator.peer_id} is already in the cluster`);
+      }
+      this.checkNodeLimit(state, initiator.active_peer_ids);
+      this.store.insertPeer(this.newRemotePeer(initiator, address));
+      this.adoptOlderCluster(this.localInfo(state), initiator);
+    });
+    return { accepted: true, peer_id: state.localPeerId };
+  }
+
+  // --- local changes -----------------------------------------------------------------------
+
+  rename(id: string, name: string | undefined): PeerRecord {
+    return this.store.transaction(() => {
+      const peer = this.store.peer(id);
+      if (!peer) throw notFound(`no peer with id ${id}`);
+      if (name === undefined || name === peer.name) return peer;
+      const updated = { ...peer, name, version: peer.version + 1, updatedAt: isoTime(this.clock.now()) };
+      this.store.updatePeer(updated);
+      return updated;
+    });
+  }
+
+  /** Removes a remote peer and every service that involves it. */
+  remove(id: string): void {
+    this.store.transaction(() => {
+      const state = this.requireState();
+      if (!this.store.peer(id)) throw notFound(`no peer with id ${id}`);
+      if (id === state.localPeerId) {
+        throw new ApiError(
+          'CANNOT_DELETE_LOCAL',
+          'this is the local peer: leave the cluster with DELETE /v1/peers/self',
+        );
+      }
+      this.store.deletePeer(id);
+    });
+  }
+
+  /** DELETE /v1/peers/self: final for this agent; repeated calls answer the same. */
+  leave(): Deactivation {
+    return this.store.transaction(() => {
+      const state = this.requireState();
+      const self = this.store.peer(state.localPeerId)!;
+      if (self.isActive) {
+        const now = isoTime(this.clock.now());
+        const updated = {
+          ...self,
+          isActive: false,
+          deactivatedAt: now,
+          version: self.version + 1,
+          updatedAt: now,
+        };
+        this.store.updatePeer(updated);
+        return deactivation(updated);
+      }
+      return deactivation(self);
+    });
+  }
+
+  initCluster(force: boolean): ClusterInit {
+    return this.store.transaction(() => {
+      const state = this.requireState();
+      const oldest = this.oldestActivePeer(state);
+      if (!force) {
+        return {
+          cluster_id: state.clusterId,
+          created_by: state.clusterCreatedBy,
+          oldest_peer_id: oldest.id,
+          was_created: false,
+          message: 'the cluster exists; nothing changed',
+        };
+      }
+      const clusterId = newClusterId();
+      this.store.setCluster(clusterId, state.localPeerId);
+      return {
+        cluster_id: clusterId,
+        created_by: state.localPeerId,
+        oldest_peer_id: oldest.id,
+        was_created: true,
+        message: 'a new cluster id was generated; gossip carries it to every peer',
+      };
+    });
+  }
+
+  // --- helpers -----------------------------------------------------------------------------
+
+  private requireState(): AgentState {
+    const state = this.store.agentState();
+    if (!state) throw notFound('this agent is not bootstrapped');
+    return state;
+  }
+
+  private localInfo(state: AgentState): HandshakePeerInfo {
+    const oldest = this.oldestActivePeer(state);
+    return {
+      peer_id: state.localPeerId,
+      public_key: this.identity.publicKeyBase64,
+      address: this.store.peer(state.localPeerId)!.address,
+      license_id: state.license.license_id,
+      cluster_id: state.clusterId,
+      cluster_created_by: state.clusterCreatedBy,
+      oldest_peer_id: oldest.id,
+      oldest_peer_created_at: oldest.createdAt,
+      active_peer_ids: this.store.activePeerIds(),
+    };
+  }
+
+  private oldestActivePeer(state: AgentState): PeerRecord {
+    const active = this.store.peers().filter((p) => p.isActive);
+    const byAge = (a: PeerRecord, b: PeerRecord) =>
+      a.createdAt === b.createdAt ? (a.id < b.id ? -1 : 1) : a.createdAt < b.createdAt ? -1 : 1;
+    return active.sort(byAge)[0] ?? this.store.peer(state.localPeerId)!;
+  }
+
+  private checkNodeLimit(state: AgentState, remoteActive: readonly string[]): void {
+    const union = new Set([...this.store.activePeerIds(), ...remoteActive]);
+    if (union.size > state.license.max_nodes) {
+      throw new ApiError(
+        'NODE_LIMIT_EXCEEDED',
+        `joining would make ${union.size} active peers; the license allows ${state.license.max_nodes}`,
+      );
+    }
+  }
+
+  private newRemotePeer(info: HandshakePeerInfo, address: string): PeerRecord {
+    const now = isoTime(this.clock.now());
+    return {
+      id: info.peer_id,
+      name: '',
+      publicKey: info.public_key,
+      address,
+      isActive: true,
+      version: 1,
+      deactivatedAt: null,
+      createdAt: now,
+      updatedAt: now,
+    };
+  }
+
+  private adoptOlderCluster(local: HandshakePeerInfo, remote: HandshakePeerInfo): void {
+    const winner = survivingCluster(local, remote);
+    if (winner.cluster_id !== local.cluster_id)
+      this.store.setCluster(winner.cluster_id, winner.cluster_created_by);
+  }
+
+  private prunePending(): void {
+    const now = this.clock.now();
+    for (const [nonce, p] of this.pending) if (p.expiresAt <= now) this.pending.delete(nonce);
+  }
+}
+
+const handshakeFailed = (message: string) => new ApiError('HANDSHAKE_FAILED', message);
+
+const deactivation = (p: PeerRecord): Deactivation => ({
+  peer_id: p.id,
+  version: p.version,
+  is_active: p.isActive,
+  deactivated_at: p.deactivatedAt,
+});
+
+function isPeerInfo(v: unknown): v is HandshakePeerInfo {
+  const o = v as Record<string, unknown>;
+  return (
+    typeof o === 'object' &&
+    o !== null &&
+    [
+      'peer_id',
+      'public_key',
+      'address',
+      'license_id',
+      'cluster_id',
+      'cluster_created_by',
+      'oldest_peer_id',
+      'oldest_peer_created_at',
+    ].every((k) => typeof o[k] === 'string') &&
+    Array.isArray(o.active_peer_ids) &&
+    o.active_peer_ids.length <= 10_000 &&
+    o.active_peer_ids.every((x) => typeof x === 'string')
+  );
+}

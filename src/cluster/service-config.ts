@@ -1,0 +1,228 @@
+/**
+ * Services and routes: the replicated configuration that tells the data plane what to carry.
+ * Create, update and delete with the checks of the API document in its order (400, then 404,
+ * then 409/422); every write in one transaction. The cluster issue replicates these records;
+ * ids are made without coordination for that reason (DECISIONS §5).
+ */
+import { type Clock, isoTime } from '../domain/clock.js';
+import { ApiError, invalidRequest, notFound } from '../domain/errors.js';
+import { newRouteId, newServiceId } from '../domain/ids.js';
+import {
+  checkRoute,
+  checkService,
+  interfaceCidr,
+  type RouteShape,
+  routeCidr,
+} from '../domain/service-rules.js';
+import type { RouteRecord, ServiceRecord, TransportType } from '../store/records.js';
+import type { ServiceFilter, Store } from '../store/store.js';
+
+export interface ServiceCreate {
+  target_peer_id: string;
+  source_peer_id?: string;
+  transport_type?: string;
+  requires_interface?: boolean;
+  desired_ipv4_cidr?: string | null;
+  desired_ipv6_cidr?: string | null;
+  fully_transparent?: boolean;
+  bandwidth_limit_mbps?: number;
+}
+
+export interface ServiceUpdate {
+  requires_interface?: boolean;
+  desired_ipv4_cidr?: string | null;
+  desired_ipv6_cidr?: string | null;
+  bandwidth_limit_mbps?: number;
+  // Fields fixed at creation: accepted only with their current value, so that a request to
+  // change them is refused instead of silently ignored.
+  transport_type?: string;
+  fully_transparent?: boolean;
+  source_peer_id?: string;
+  target_peer_id?: string;
+}
+
+export interface RouteInput {
+  priority: number;
+  source_cidr?: string | null;
+  dest_cidr?: string | null;
+}
+
+export class ServiceConfig {
+  constructor(
+    private readonly store: Store,
+    private readonly clock: Clock,
+  ) {}
+
+  list(filter: ServiceFilter): { service: ServiceRecord; routeCount: number }[] {
+    const counts = this.store.routeCounts();
+    return this.store
+      .services(filter)
+      .map((service) => ({ service, routeCount: counts.get(service.id) ?? 0 }));
+  }
+
+  get(id: string): { service: ServiceRecord; routes: RouteRecord[] } {
+    const service = this.store.service(id);
+    if (!service) throw notFound(`no service with id ${id}`);
+    return { service, routes: this.store.routesOf(id) };
+  }
+
+  create(input: ServiceCreate): ServiceRecord {
+    const state = this.store.agentState();
+    if (!state) throw notFound('this agent is not bootstrapped');
+    const shape = {
+      sourcePeerId: input.source_peer_id ?? state.localPeerId,
+      targetPeerId: input.target_peer_id,
+      transportType: input.transport_type ?? 'tcp',
+      requiresInterface: input.requires_interface ?? false,
+      desiredIpv4Cidr: input.desired_ipv4_cidr ?? null,
+      desiredIpv6Cidr: input.desired_ipv6_cidr ?? null,
+      fullyTransparent: input.fully_transparent ?? false,
+    };
+    const cidrs = checkService(shape);
+    const now = isoTime(this.clock.now());
+    const record: ServiceRecord = {
+      id: newServiceId(),
+      ...shape,
+      ...cidrs,
+      transportType: shape.transportType as TransportType,
+      bandwidthLimitMbps: input.bandwidth_limit_mbps ?? 0,
+      version: 1,
+      createdAt: now,
+      updatedAt: now,
+    };
+    return this.store.transaction(() => {
+      if (!this.store.peer(record.targetPeerId))
+        throw notFound(`target peer ${record.targetPeerId} not found`);
+      if (!this.store.peer(record.sourcePeerId))
+        throw notFound(`source peer ${record.sourcePeerId} not found`);
+      if (this.store.serviceIdForPair(record.sourcePeerId, record.targetPeerId)) {
+        throw new ApiError(
+          'ALREADY_EXISTS',
+          'a service from this source peer to this target peer already exists',
+        );
+      }
+      // Inactive services count too (DECISIONS §5).
+      if (this.store.serviceCount() >= state.license.max_services) {
+        throw new ApiError(
+          'SERVICE_LIMIT_EXCEEDED',
+          `the license allows ${state.license.max_services} services and the cluster has that many`,
+        );
+      }
+      this.store.insertService(record);
+      return record;
+    });
+  }
+
+  update(id: string, input: ServiceUpdate): ServiceRecord {
+    // What the body gets wrong on its own is a 400 before any lookup (DECISIONS §3 order).
+    interfaceCidr(input.desired_ipv4_cidr ?? null, 4, 'desired_ipv4_cidr');
+    interfaceCidr(input.desired_ipv6_cidr ?? null, 6, 'desired_ipv6_cidr');
+    return this.store.transaction(() => {
+      const current = this.store.service(id);
+      // Changing a fixed field is a 400 that needs the current value, so it follows the 404.
+      if (!current) throw notFound(`no service with id ${id}`);
+      const fixed: [keyof ServiceUpdate, unknown][] = [
+        ['transport_type', current.transportType],
+        ['fully_transparent', current.fullyTransparent],
+        ['source_peer_id', current.sourcePeerId],
+        ['target_peer_id', current.targetPeerId],
+      ];
+      for (const [field, value] of fixed) {
+        if (input[field] !== undefined && input[field] !== value) {
+          throw invalidRequest(`${field} cannot be changed; delete the service and create it again`);
+        }
+      }
+      const next = {
+        ...current,
+        requiresInterface: input.requires_interface ?? current.requiresInterface,
+        desiredIpv4Cidr:
+          input.desired_ipv4_cidr === undefined ? current.desiredIpv4Cidr : input.desired_ipv4_cidr,
+        desiredIpv6Cidr:
+          input.desired_ipv6_cidr === undefined ? current.desiredIpv6Cidr : input.desired_ipv6_cidr,
+        bandwidthLimitMbps: input.bandwidth_limit_mbps ?? current.bandwidthLimitMbps,
+      };
+      // Turning the interface off clears addresses the request did not name, rather than refuse.
+      if (input.requires_interface === false) {
+        if (input.desired_ipv4_cidr === undefined) next.desiredIpv4Cidr = null;
+        if (input.desired_ipv6_cidr === undefined) next.desiredIpv6Cidr = null;
+      }
+      const cidrs = checkService(next);
+      const updated: ServiceRecord = {
+        ...next,
+        ...cidrs,
+        version: current.version + 1,
+        updatedAt: isoTime(this.clock.now()),
+      };
+      this.store.updateService(updated);
+      return updated;
+    });
+  }
+
+  delete(id: string): void {
+    if (!this.store.deleteService(id)) throw notFound(`no service with id ${id}`);
+  }
+
+  routes(serviceId: string): RouteRecord[] {
+    if (!this.store.service(serviceId)) throw notFound(`no service with id ${serviceId}`);
+    return this.store.routesOf(serviceId);
+  }
+
+  /** All routes or none: every route is checked before anything is written. */
+  addRoutes(serviceId: string, inputs: RouteInput[]): number[] {
+    if (inputs.length === 0) throw invalidRequest('routes must hold at least one route');
+    const checked = inputs.map((r, i) => checkRoute(toShape(r), `routes[${i}]`));
+    const now = isoTime(this.clock.now());
+    return this.store.transaction(() => {
+      if (!this.store.service(serviceId)) throw notFound(`no service with id ${serviceId}`);
+      const ids: number[] = [];
+      for (const shape of checked) {
+        let id = newRouteId();
+        // 2^53 ids make a collision all but impossible; checking costs one indexed read.
+        while (this.store.route(id) || ids.includes(id)) id = newRouteId();
+        ids.push(id);
+        this.store.insertRoute({ id, serviceId, ...shape, version: 1, createdAt: now, updatedAt: now });
+      }
+      return ids;
+    });
+  }
+
+  updateRoute(serviceId: string, routeId: number, input: Partial<RouteInput>): RouteRecord {
+    routeCidr(input.source_cidr ?? null, 'source_cidr');
+    routeCidr(input.dest_cidr ?? null, 'dest_cidr');
+    return this.store.transaction(() => {
+      if (!this.store.service(serviceId)) throw notFound(`no service with id ${serviceId}`);
+      const current = this.store.route(routeId);
+      if (!current || current.serviceId !== serviceId)
+        throw notFound(`no route ${routeId} in service ${serviceId}`);
+      const shape = checkRoute({
+        priority: input.priority ?? current.priority,
+        sourceCidr: input.source_cidr === undefined ? current.sourceCidr : input.source_cidr,
+        destCidr: input.dest_cidr === undefined ? current.destCidr : input.dest_cidr,
+      });
+      const updated: RouteRecord = {
+        ...current,
+        ...shape,
+        version: current.version + 1,
+        updatedAt: isoTime(this.clock.now()),
+      };
+      this.store.updateRoute(updated);
+      return updated;
+    });
+  }
+
+  deleteRoute(serviceId: string, routeId: number): void {
+    this.store.transaction(() => {
+      if (!this.store.service(serviceId)) throw notFound(`no service with id ${serviceId}`);
+      const current = this.store.route(routeId);
+      if (!current || current.serviceId !== serviceId)
+        throw notFound(`no route ${routeId} in service ${serviceId}`);
+      this.store.deleteRoute(routeId);
+    });
+  }
+}
+
+const toShape = (r: RouteInput): RouteShape => ({
+  priority: r.priority,
+  sourceCidr: r.source_cidr ?? null,
+  destCidr: r.dest_cidr ?? null,
+});

@@ -1,0 +1,224 @@
+/**
+ * The one-shot peer handshake between real agent processes on loopback (DECISIONS §5): success
+ * both ways, and every refusal, each leaving both agents unchanged.
+ */
+import assert from 'node:assert/strict';
+import { generateKeyPairSync, sign } from 'node:crypto';
+import http from 'node:http';
+import { after, before, describe, it } from 'node:test';
+import { AgentProcess, bootstrap } from '../helpers/agent-process.js';
+import { makeVendor } from '../helpers/licenses.js';
+import { freePort } from '../helpers/ports.js';
+
+interface Admin {
+  agent: AgentProcess;
+  token: string;
+  peerId: string;
+}
+
+async function startBootstrapped(vendor: ReturnType<typeof makeVendor>, overrides = {}): Promise<Admin> {
+  const agent = await AgentProcess.start({ vendor });
+  const creds = await bootstrap(agent, vendor, overrides);
+  const token = await agent.client.token(creds.clientId, creds.clientSecret);
+  return { agent, token, peerId: creds.body.peer_id as string };
+}
+
+const addressOf = (a: Admin) => `127.0.0.1:${a.agent.port}`;
+const peerIds = async (a: Admin) =>
+  ((await a.agent.client.get('/v1/peers', { token: a.token })).body as { id: string }[])
+    .map((p) => p.id)
+    .sort();
+
+describe('peer handshake', () => {
+  const vendor = makeVendor();
+  let a: Admin;
+  let b: Admin;
+  let c: Admin;
+  before(async () => {
+    [a, b, c] = await Promise.all([
+      startBootstrapped(vendor),
+      startBootstrapped(vendor),
+      startBootstrapped(vendor),
+    ]);
+  });
+  after(async () => {
+    for (const x of [a, b, c]) if (x) assert.equal(await x.agent.stop(), 0);
+  });
+
+  it('adds a peer: both agents then list each other, the new one with an empty name', async () => {
+    const res = await a.agent.client.post('/v1/peers', { token: a.token, json: { address: addressOf(b) } });
+    assert.equal(res.status, 201, res.text);
+    assert.equal(res.body.id, b.peerId);
+    assert.equal(res.body.is_local, false);
+    assert.equal(res.body.name, '');
+    assert.equal(res.body.address, addressOf(b));
+    assert.deepEqual(await peerIds(a), [a.peerId, b.peerId].sort());
+    assert.deepEqual(await peerIds(b), [a.peerId, b.peerId].sort());
+    const onB = (await b.agent.client.get(`/v1/peers/${a.peerId}`, { token: b.token })).body;
+    assert.equal(onB.is_local, false);
+    assert.equal(onB.address, addressOf(a));
+  });
+
+  it('works the other way: the third agent adds the first', async () => {
+    const res = await c.agent.client.post('/v1/peers', { token: c.token, json: { address: addressOf(a) } });
+    assert.equal(res.status, 201, res.text);
+    assert.ok((await peerIds(a)).includes(c.peerId));
+    assert.ok((await peerIds(c)).includes(a.peerId));
+  });
+
+  it('both agents end in one cluster: the id of the cluster whose oldest peer is older', async () => {
+    const idA = (await a.agent.client.get('/v1/cluster/identity')).body.cluster_id;
+    const idB = (await b.agent.client.get('/v1/cluster/identity')).body.cluster_id;
+    assert.equal(idA, idB);
+  });
+
+  it('refuses re-adding a known address or peer: 409 ALREADY_EXISTS', async () => {
+    const again = await a.agent.client.post('/v1/peers', { token: a.token, json: { address: addressOf(b) } });
+    assert.equal(again.status, 409);
+    assert.equal(again.body.code, 'ALREADY_EXISTS');
+    const self = await a.agent.client.post('/v1/peers', { token: a.token, json: { address: addressOf(a) } });
+    assert.equal(self.status, 409);
+    // The same peer under another name for its address.
+    const alias = await a.agent.client.post('/v1/peers', {
+      token: a.token,
+      json: { address: `localhost:${b.agent.port}` },
+    });
+    assert.equal(alias.status, 409, alias.text);
+  });
+});
+
+describe('peer handshake refusals', () => {
+  const vendor = makeVendor();
+  let a: Admin;
+  before(async () => {
+    a = await startBootstrapped(vendor, { max_nodes: 2 });
+  });
+  after(async () => {
+    assert.equal(await a.agent.stop(), 0);
+  });
+
+  it('refuses an agent under another license: 422 LICENSE_MISMATCH, nothing changes', async () => {
+    const other = await startBootstrapped(vendor, { license_id: 'another-license' });
+    try {
+      const res = await a.agent.client.post('/v1/peers', {
+        token: a.token,
+        json: { address: addressOf(other) },
+      });
+      assert.equal(res.status, 422);
+      assert.equal(res.body.code, 'LICENSE_MISMATCH');
+      assert.deepEqual(await peerIds(a), [a.peerId]);
+      assert.deepEqual(await peerIds(other), [other.peerId]);
+    } finally {
+      assert.equal(await other.agent.stop(), 0);
+    }
+  });
+
+  it('refuses an agent that is not bootstrapped: 422 LICENSE_MISMATCH', async () => {
+    const bare = await AgentProcess.start({ vendor });
+    try {
+      const res = await a.agent.client.post('/v1/peers', {
+        token: a.token,
+        json: { address: `127.0.0.1:${bare.port}` },
+      });
+      assert.equal(res.status, 422);
+      assert.equal(res.body.code, 'LICENSE_MISMATCH');
+    } finally {
+      assert.equal(await bare.stop(), 0);
+    }
+  });
+
+  it('refuses an address where nothing answers: 422 HANDSHAKE_FAILED', async () => {
+    const res = await a.agent.client.post('/v1/peers', {
+      token: a.token,
+      json: { address: `127.0.0.1:${await freePort()}` },
+    });
+    assert.equal(res.status, 422);
+    assert.equal(res.body.code, 'HANDSHAKE_FAILED');
+  });
+
+  it('refuses a remote that serves a stolen identity but cannot sign for it: 422 HANDSHAKE_FAILED', async () => {
+    const victim = await startBootstrapped(vendor);
+    const stolen = (await victim.agent.client.get('/v1/cluster/identity')).body;
+    const impostorKey = generateKeyPairSync('ed25519').privateKey;
+    const double = http.createServer((req, res) => {
+      let body = '';
+      req.on('data', (c) => {
+        body += c;
+      });
+      req.on('end', () => {
+        res.setHeader('content-type', 'application/json');
+        if (req.url === '/v1/cluster/identity') return res.end(JSON.stringify(stolen));
+        if (req.url === '/internal/v1/handshake/hello') {
+          const hello = JSON.parse(body);
+          const responder = {
+            peer_id: stolen.peer_id,
+            public_key: stolen.public_key,
+            address: 'x:1',
+            license_id: stolen.license_id,
+            cluster_id: stolen.cluster_id,
+            cluster_created_by: stolen.peer_id,
+            oldest_peer_id: stolen.peer_id,
+            oldest_peer_created_at: new Date().toISOString(),
+            active_peer_ids: [stolen.peer_id],
+          };
+          // Signed with the impostor's own key: it does not hold the victim's.
+          const signature = sign(null, Buffer.from(hello.nonce_a), impostorKey).toString('base64');
+          return res.end(JSON.stringify({ version: 1, responder, nonce_b: 'AAAA', signature_b: signature }));
+        }
+        res.statusCode = 404;
+        return res.end('{}');
+      });
+    });
+    const port = await freePort();
+    await new Promise<void>((r) => double.listen(port, '127.0.0.1', r));
+    try {
+      const res = await a.agent.client.post('/v1/peers', {
+        token: a.token,
+        json: { address: `127.0.0.1:${port}` },
+      });
+      assert.equal(res.status, 422, res.text);
+      assert.equal(res.body.code, 'HANDSHAKE_FAILED');
+      assert.deepEqual(await peerIds(a), [a.peerId]);
+    } finally {
+      double.close();
+      assert.equal(await victim.agent.stop(), 0);
+    }
+  });
+
+  it('refuses a join that would exceed max_nodes: 422 NODE_LIMIT_EXCEEDED, neither side changes', async () => {
+    const b = await startBootstrapped(vendor, { max_nodes: 2 });
+    const c = await startBootstrapped(vendor, { max_nodes: 2 });
+    try {
+      assert.equal(
+        (await a.agent.client.post('/v1/peers', { token: a.token, json: { address: addressOf(b) } })).status,
+        201,
+      );
+      const res = await a.agent.client.post('/v1/peers', { token: a.token, json: { address: addressOf(c) } });
+      assert.equal(res.status, 422, res.text);
+      assert.equal(res.body.code, 'NODE_LIMIT_EXCEEDED');
+      assert.equal((await peerIds(a)).length, 2);
+      assert.deepEqual(await peerIds(c), [c.peerId]);
+      // And from the other side: the full cluster refuses the newcomer's request too.
+      const reverse = await c.agent.client.post('/v1/peers', {
+        token: c.token,
+        json: { address: addressOf(a) },
+      });
+      assert.equal(reverse.status, 422, reverse.text);
+      assert.equal(reverse.body.code, 'NODE_LIMIT_EXCEEDED');
+      assert.deepEqual(await peerIds(c), [c.peerId]);
+    } finally {
+      assert.equal(await b.agent.stop(), 0);
+      assert.equal(await c.agent.stop(), 0);
+    }
+  });
+
+  it('refuses malformed addresses without dialing: 400 INVALID_REQUEST', async () => {
+    for (const address of ['127.0.0.1:0', '127.0.0.1:65536', '::1:7480', 'x'.repeat(10_000), '', 'host']) {
+      const res = await a.agent.client.post('/v1/peers', { token: a.token, json: { address } });
+      assert.equal(res.status, 400, address.slice(0, 30));
+      assert.equal(res.body.code, 'INVALID_REQUEST');
+    }
+    const missing = await a.agent.client.post('/v1/peers', { token: a.token, json: {} });
+    assert.equal(missing.status, 400);
+  });
+});
