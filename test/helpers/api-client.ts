@@ -42,7 +42,10 @@ export class Conformance {
   private readonly validators = new Map<string, ValidateFunction>();
 
   constructor(readonly doc: OpenApiDoc) {
-    this.routes = Object.keys(doc.paths).map((path) => ({
+    // Static paths first, as the router matches them: /v1/peers/self before /v1/peers/{id}.
+    const params = (p: string) => (p.match(/\{/g) ?? []).length;
+    const paths = Object.keys(doc.paths).sort((a, b) => params(a) - params(b));
+    this.routes = paths.map((path) => ({
       path,
       pattern: new RegExp(
         `^${path.replace(/[.*+?^$()|[\]\\]/g, '\\$&').replace(/\\?\{[^}]+\\?\}/g, '[^/]+')}$`,
