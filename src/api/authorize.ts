@@ -35,7 +35,8 @@ export function makeAuthorizeHook(tokens: AccessTokens, store: Store) {
     // Unknown routes (404/405 answers), public ones and signed agent-to-agent ones need no token.
     if (guard === undefined || guard === 'public' || guard === 'peer-signed') return;
     const header = request.headers.authorization;
-    const match = header === undefined ? null : /^Bearer ([A-Za-z0-9._~+/-]+=*)$/.exec(header);
+    // The scheme name is case-insensitive (RFC 9110 §11.1); RFC 6750 allows one or more spaces.
+    const match = header === undefined ? null : /^Bearer +([A-Za-z0-9._~+/-]+=*) *$/i.exec(header);
     if (!match) throw unauthorized('a bearer access token is required', false);
     const verified = await tokens.verify(match[1]!);
     if (!verified) throw unauthorized('the access token is invalid or expired', true);

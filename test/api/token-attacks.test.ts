@@ -434,10 +434,9 @@ describe('bearer token attacks on the management API', () => {
 
   it('does not take the token from the query string or a form body (RFC 6750 §2.2, §2.3): 401', async () => {
     await assertOk(genuine);
-    // A token forged for this test, left out of the log check on purpose: the agent logs request
-    // URLs, query included, so a token a client puts in a URL reaches the log (reported).
+    // The agent logs request paths without their query, so even a token a client wrongly puts in
+    // the URL stays out of the log: the log check at stop() covers this one too.
     const valid = forge();
-    agent.client.secretsSeen.delete(valid);
     await assertOk(valid, 'the same token in the header');
     assertUnauthorized(
       await agent.client.get(`${PROTECTED}?access_token=${valid}`),
@@ -450,9 +449,7 @@ describe('bearer token attacks on the management API', () => {
   // RFC 9110 §11.1 (and RFC 7235 §2.1 before it): "the authentication scheme is a
   // case-insensitive token"; RFC 6750 §2.1 writes its credentials with that syntax. So
   // `bearer <token>` is a valid way to present a bearer token.
-  it('accepts the Bearer scheme in any letter case (RFC 9110 §11.1): 200', {
-    todo: 'src/api/authorize.ts matches only "Bearer "; reported, not changed here',
-  }, async () => {
+  it('accepts the Bearer scheme in any letter case (RFC 9110 §11.1): 200', async () => {
     await assertOk(genuine);
     for (const scheme of ['bearer', 'BEARER', 'bEaReR']) {
       const res = await callWithHeader(`${scheme} ${genuine}`);
