@@ -6,7 +6,6 @@
 import { existsSync, mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { AGENT_VERSION, startAgent } from '../agent.js';
 import { systemClock } from '../domain/clock.js';
 import { generateLicenseKeyPair, loadLicenseSigningKey, signLicense } from '../license/sign.js';
 import { parseLicensePublicKey } from '../license/verify.js';
@@ -19,7 +18,7 @@ const USAGE = `usage:
                    [--license-public-key FILE-or-BASE64]... [--tls-cert FILE --tls-key FILE]
                    [--public-url URL] [--dataplane on|off|auto] [--macvlan-parent IFACE]
                    [--dev] [--metrics-public] [--log-level LEVEL]
-  mesh-agent license keygen --out DIR
+  mesh-agent license keygen --out DIR [--force]
   mesh-agent license sign --key FILE --customer-id C --license-id L --max-nodes N
                    --max-services M --expires-at ISO [--issued-at ISO]
   mesh-agent version
@@ -40,6 +39,8 @@ async function serve(argv: string[]): Promise<void> {
   } catch (err) {
     throw new UsageError(`--license-public-key: ${(err as Error).message}`);
   }
+  // Loaded here, not at the top: the license commands need none of the agent (Fastify, SQLite).
+  const { startAgent } = await import('../agent.js');
   const agent = await startAgent({
     listenHost: opts.listenHost,
     listenPort: opts.listenPort,
@@ -80,9 +81,15 @@ function parseFlags<T>(parse: () => T): T {
 
 function licenseKeygen(argv: string[]): void {
   const { values } = parseFlags(() =>
-    parseArgs({ args: argv, options: { out: { type: 'string' } }, strict: true }),
+    parseArgs({ args: argv, options: { out: { type: 'string' }, force: { type: 'boolean' } }, strict: true }),
   );
   if (!values.out) throw new UsageError('license keygen needs --out DIR');
+  // An overwritten vendor signing key is gone for good, and so is the power to sign for its licenses.
+  if (!values.force && existsSync(join(values.out, 'license-signing.key'))) {
+    throw new UsageError(
+      `${join(values.out, 'license-signing.key')} exists; refusing to overwrite it without --force`,
+    );
+  }
   mkdirSync(values.out, { recursive: true, mode: 0o700 });
   const pair = generateLicenseKeyPair();
   writeFileAtomic(join(values.out, 'license-signing.key'), pair.privatePem, 0o600);
@@ -145,6 +152,7 @@ async function main(argv: string[]): Promise<void> {
   if (command === 'license' && sub === 'keygen') return licenseKeygen(rest);
   if (command === 'license' && sub === 'sign') return licenseSign(rest);
   if (command === 'version' || command === '--version') {
+    const { AGENT_VERSION } = await import('../agent.js');
     process.stdout.write(`${AGENT_VERSION}\n`);
     return;
   }

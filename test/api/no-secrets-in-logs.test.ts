@@ -200,9 +200,7 @@ describe('no secrets in the agent log', () => {
     );
   });
 
-  it('writes nothing but JSON to its output: no Node.js process warnings', {
-    todo: 'fastify warns FSTDEP023 (disableRequestLogging is deprecated) on stderr at start',
-  }, () => {
+  it('writes nothing but JSON to its output: no Node.js process warnings', () => {
     const warnings = agent.logs.split('\n').filter(isNodeWarning);
     assert.deepEqual(warnings, []);
   });

@@ -167,6 +167,19 @@ describe('mesh-agent license keygen and sign', () => {
     });
   });
 
+  it('keygen refuses to overwrite an existing signing key unless given --force', async () => {
+    const before = readFileSync(keys.key, 'utf8');
+    const refused = await runCli(['license', 'keygen', '--out', keys.dir]);
+    assert.equal(refused.code, 2, refused.stderr);
+    assert.match(refused.stderr, /exists; refusing to overwrite/);
+    assert.equal(readFileSync(keys.key, 'utf8'), before, 'the key is untouched');
+    const other = join(mkdtempSync(join(tmpdir(), 'mesh-cli-')), 'k');
+    assert.equal((await runCli(['license', 'keygen', '--out', other])).code, 0);
+    const first = readFileSync(join(other, 'license-signing.key'), 'utf8');
+    assert.equal((await runCli(['license', 'keygen', '--out', other, '--force'])).code, 0);
+    assert.notEqual(readFileSync(join(other, 'license-signing.key'), 'utf8'), first, '--force replaces it');
+  });
+
   it('sign refuses bad flags with exit code 2 and names the flag', async () => {
     const required = [
       '--key',

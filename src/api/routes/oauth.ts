@@ -74,7 +74,6 @@ export function registerOAuthRoutes(app: FastifyInstance, deps: AppDeps): void {
       response_types_supported: ['token'],
       id_token_signing_alg_values_supported: ['EdDSA'],
       subject_types_supported: ['public'],
-      token_endpoint_auth_signing_alg_values_supported: ['EdDSA'],
     }),
   );
 
