@@ -1,7 +1,8 @@
 /** `/v1/services` and `/v1/services/{service_id}/routes`: the replicated service configuration. */
 import { type Static, Type } from '@sinclair/typebox';
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { ServiceCreate, ServiceUpdate } from '../../cluster/service-config.js';
+import { invalidRequest } from '../../domain/errors.js';
 import type { ServiceRecord } from '../../store/records.js';
 import type { AppDeps } from '../app.js';
 import type { ValidationCodes } from '../error-reply.js';
@@ -26,6 +27,22 @@ const read = [{ oauth2: ['urn:vendor:service:services.read'] }];
 const write = [{ oauth2: ['urn:vendor:service:services.write'] }];
 const serviceParams = Type.Object({ id: IdParam });
 const routeParams = Type.Object({ service_id: IdParam, route_id: RouteIdParam });
+/**
+ * The route id in a path is plain decimal digits. Path parameters are coerced to their schema
+ * type, and that coercion alone would take `1e3`, `0x10`, ` 5`, `+5`, `007` or `12.0` as route
+ * ids; this check runs first (preValidation), so they are 400 like any other malformed value.
+ * The schema still bounds the value to [1, 2^53 - 1].
+ */
+const ROUTE_ID_TEXT = /^[1-9][0-9]*$/;
+async function strictRouteId(request: Pick<FastifyRequest, 'params'>): Promise<void> {
+  const raw = (request.params as { route_id?: unknown }).route_id;
+  if (typeof raw === 'string' && !ROUTE_ID_TEXT.test(raw)) {
+    throw invalidRequest(
+      `route_id must be a positive decimal integer, not ${JSON.stringify(raw.slice(0, 40))}`,
+    );
+  }
+}
+
 const transportCodes: ValidationCodes = { validationCodes: { transport_type: 'INVALID_TRANSPORT' } };
 const cidrCodes: ValidationCodes = {
   validationCodes: { source_cidr: 'INVALID_CIDR', dest_cidr: 'INVALID_CIDR' },
@@ -187,6 +204,7 @@ export function registerServiceRoutes(app: FastifyInstance, deps: AppDeps): void
     '/v1/services/:service_id/routes/:route_id',
     {
       config: cidrCodes,
+      preValidation: strictRouteId,
       schema: {
         tags: ['routes'],
         summary: 'Change a route; only the fields given change',
@@ -207,6 +225,7 @@ export function registerServiceRoutes(app: FastifyInstance, deps: AppDeps): void
   app.delete(
     '/v1/services/:service_id/routes/:route_id',
     {
+      preValidation: strictRouteId,
       schema: {
         tags: ['routes'],
         summary: 'Delete a route',
