@@ -190,10 +190,7 @@ export class ServiceConfig {
     routeCidr(input.source_cidr ?? null, 'source_cidr');
     routeCidr(input.dest_cidr ?? null, 'dest_cidr');
     return this.store.transaction(() => {
-      if (!this.store.service(serviceId)) throw notFound(`no service with id ${serviceId}`);
-      const current = this.store.route(routeId);
-      if (!current || current.serviceId !== serviceId)
-        throw notFound(`no route ${routeId} in service ${serviceId}`);
+      const current = this.requireRoute(serviceId, routeId);
       const shape = checkRoute({
         priority: input.priority ?? current.priority,
         sourceCidr: input.source_cidr === undefined ? current.sourceCidr : input.source_cidr,
@@ -212,12 +209,18 @@ export class ServiceConfig {
 
   deleteRoute(serviceId: string, routeId: number): void {
     this.store.transaction(() => {
-      if (!this.store.service(serviceId)) throw notFound(`no service with id ${serviceId}`);
-      const current = this.store.route(routeId);
-      if (!current || current.serviceId !== serviceId)
-        throw notFound(`no route ${routeId} in service ${serviceId}`);
+      this.requireRoute(serviceId, routeId);
       this.store.deleteRoute(routeId);
     });
+  }
+
+  /** The route, if it exists and belongs to the service; 404 when either is missing. */
+  private requireRoute(serviceId: string, routeId: number): RouteRecord {
+    if (!this.store.service(serviceId)) throw notFound(`no service with id ${serviceId}`);
+    const route = this.store.route(routeId);
+    if (!route || route.serviceId !== serviceId)
+      throw notFound(`no route ${routeId} in service ${serviceId}`);
+    return route;
   }
 }
 
