@@ -311,6 +311,7 @@ export const HandshakePeerInfoSchema = Type.Object({
   peer_id: Type.String({ minLength: 1, maxLength: 256 }),
   public_key: Base64,
   address: Type.String({ minLength: 1, maxLength: 300 }),
+  created_at: Type.String({ format: 'date-time' }),
   license_id: Type.String({ maxLength: 256 }),
   cluster_id: Type.String({ maxLength: 256 }),
   cluster_created_by: Type.String({ maxLength: 256 }),

@@ -31,6 +31,8 @@ export interface HandshakePeerInfo {
   peer_id: string;
   public_key: string;
   address: string;
+  /** When this peer was created (its bootstrap): kept as is by the other side. */
+  created_at: string;
   license_id: string;
   cluster_id: string;
   cluster_created_by: string;

@@ -227,12 +227,14 @@ export class Peers {
     }
     const address = parsePeerAddress(initiator.address)!.text;
     this.store.transaction(() => {
+      // Our side of the merge as it was before the initiator joined it.
+      const me = this.localInfo(state);
       if (this.store.peer(initiator.peer_id) || this.store.peers().some((p) => p.address === address)) {
         throw new ApiError('ALREADY_EXISTS', `peer ${initiator.peer_id} is already in the cluster`);
       }
       this.checkNodeLimit(state, initiator.active_peer_ids);
       this.store.insertPeer(this.newRemotePeer(initiator, address));
-      this.adoptOlderCluster(this.localInfo(state), initiator);
+      this.adoptOlderCluster(me, initiator);
     });
     return { accepted: true, peer_id: state.localPeerId };
   }
@@ -321,10 +323,12 @@ export class Peers {
 
   private localInfo(state: AgentState): HandshakePeerInfo {
     const oldest = this.oldestActivePeer(state);
+    const self = this.store.peer(state.localPeerId)!;
     return {
       peer_id: state.localPeerId,
       public_key: this.identity.publicKeyBase64,
-      address: this.store.peer(state.localPeerId)!.address,
+      address: self.address,
+      created_at: self.createdAt,
       license_id: state.license.license_id,
       cluster_id: state.clusterId,
       cluster_created_by: state.clusterCreatedBy,
@@ -361,7 +365,7 @@ export class Peers {
       isActive: true,
       version: 1,
       deactivatedAt: null,
-      createdAt: now,
+      createdAt: isoTime(Date.parse(info.created_at)),
       updatedAt: now,
     };
   }
@@ -396,12 +400,14 @@ function isPeerInfo(v: unknown): v is HandshakePeerInfo {
       'peer_id',
       'public_key',
       'address',
+      'created_at',
       'license_id',
       'cluster_id',
       'cluster_created_by',
       'oldest_peer_id',
       'oldest_peer_created_at',
     ].every((k) => typeof o[k] === 'string') &&
+    [o.created_at, o.oldest_peer_created_at].every((t) => Number.isFinite(Date.parse(t as string))) &&
     Array.isArray(o.active_peer_ids) &&
     o.active_peer_ids.length <= 10_000 &&
     o.active_peer_ids.every((x) => typeof x === 'string')

@@ -147,9 +147,14 @@ export class ServiceConfig {
         if (input.desired_ipv6_cidr === undefined) next.desiredIpv6Cidr = null;
       }
       const cidrs = checkService(next);
+      const candidate = { ...next, ...cidrs };
+      const changed = (
+        ['requiresInterface', 'desiredIpv4Cidr', 'desiredIpv6Cidr', 'bandwidthLimitMbps'] as const
+      ).some((k) => candidate[k] !== current[k]);
+      // An update that changes nothing writes nothing: no version bump, nothing to replicate.
+      if (!changed) return current;
       const updated: ServiceRecord = {
-        ...next,
-        ...cidrs,
+        ...candidate,
         version: current.version + 1,
         updatedAt: isoTime(this.clock.now()),
       };

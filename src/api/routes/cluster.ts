@@ -80,6 +80,10 @@ export function registerClusterRoutes(app: FastifyInstance, deps: AppDeps): void
         body: ClusterInitBody,
         response: { 200: ClusterInitResponse, ...errorResponses(400, 401, 403, 413) },
       },
+      // The body is optional (force defaults to false): no body reads as {}.
+      preValidation: async (request) => {
+        if (request.body === undefined || request.body === null) request.body = {};
+      },
     },
     async (request) => {
       const result = deps.peers.initCluster(
