@@ -8,42 +8,15 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
-import { AgentProcess, bootstrap } from '../helpers/agent-process.js';
-import type { ApiResponse } from '../helpers/api-client.js';
-import { makeVendor, type Vendor } from '../helpers/licenses.js';
+import { AgentProcess } from '../helpers/agent-process.js';
+import { assertError } from '../helpers/api-assertions.js';
+import { makeVendor } from '../helpers/licenses.js';
+import { bootstrapNode, type Node, scopedToken } from '../helpers/nodes.js';
 
-const SCOPE = 'urn:vendor:service:';
 const TIMESTAMP = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$/;
 const PEER_FIELDS = ['address', 'created_at', 'id', 'is_local', 'name', 'public_key'];
 const PEER_EXTRA_FIELDS = ['deactivated_at', 'is_active', 'version'];
 const INIT_FIELDS = ['cluster_id', 'created_by', 'message', 'oldest_peer_id', 'was_created'];
-
-interface Node {
-  agent: AgentProcess;
-  token: string;
-  peerId: string;
-}
-
-async function bootstrapped(agent: AgentProcess, vendor: Vendor): Promise<Node> {
-  const creds = await bootstrap(agent, vendor);
-  const token = await agent.client.token(creds.clientId, creds.clientSecret);
-  return { agent, token, peerId: creds.body.peer_id as string };
-}
-
-async function scopedToken(node: Node, ...scopes: string[]): Promise<string> {
-  const res = await node.agent.client.post('/v1/credentials', {
-    token: node.token,
-    json: { scopes: scopes.map((s) => SCOPE + s) },
-  });
-  assert.equal(res.status, 201, res.text);
-  return node.agent.client.token(res.body.client_id, res.body.client_secret);
-}
-
-function assertError(res: ApiResponse, status: number, code: string, what = ''): void {
-  assert.equal(res.status, status, `${what}: ${res.status} ${res.text}`);
-  assert.deepEqual(Object.keys(res.body).sort(), ['code', 'error'], what);
-  assert.equal(res.body.code, code, `${what}: ${res.text}`);
-}
 
 function assertPeerShape(p: Record<string, unknown>): void {
   const fields = Object.keys(p);
@@ -90,9 +63,9 @@ describe('peers and cluster API', () => {
     agents = await Promise.all([0, 1, 2, 3].map(() => AgentProcess.start({ vendor })));
     const [first, ...others] = agents as [AgentProcess, AgentProcess, AgentProcess, AgentProcess];
     // The remote peers are bootstrapped first, so the local one is the youngest of the cluster.
-    [b, c, d] = (await Promise.all(others.map((x) => bootstrapped(x, vendor)))) as [Node, Node, Node];
+    [b, c, d] = (await Promise.all(others.map((x) => bootstrapNode(x, vendor)))) as [Node, Node, Node];
     await new Promise((r) => setTimeout(r, 20));
-    a = await bootstrapped(first, vendor);
+    a = await bootstrapNode(first, vendor);
     for (const other of [b, c, d]) {
       const res = await api().post('/v1/peers', {
         token: a.token,

@@ -6,47 +6,18 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
-import { AgentProcess, bootstrap } from '../helpers/agent-process.js';
-import type { ApiResponse } from '../helpers/api-client.js';
-import { makeVendor, type Vendor } from '../helpers/licenses.js';
+import { assertError } from '../helpers/api-assertions.js';
+import { makeVendor } from '../helpers/licenses.js';
+import { type Node, scopedToken, startNode } from '../helpers/nodes.js';
 
-const SCOPE = 'urn:vendor:service:';
 const MAX_ROUTE_ID = 2 ** 53 - 1;
 const UNKNOWN_SERVICE = '00000000-0000-4000-8000-000000000000';
 const ROUTE_FIELDS = ['dest_cidr', 'id', 'priority', 'service_id', 'source_cidr'];
-
-interface Node {
-  agent: AgentProcess;
-  token: string;
-  peerId: string;
-}
 
 interface RouteIn {
   priority?: unknown;
   source_cidr?: unknown;
   dest_cidr?: unknown;
-}
-
-async function startBootstrapped(vendor: Vendor): Promise<Node> {
-  const agent = await AgentProcess.start({ vendor });
-  const creds = await bootstrap(agent, vendor);
-  const token = await agent.client.token(creds.clientId, creds.clientSecret);
-  return { agent, token, peerId: creds.body.peer_id as string };
-}
-
-async function scopedToken(node: Node, ...scopes: string[]): Promise<string> {
-  const res = await node.agent.client.post('/v1/credentials', {
-    token: node.token,
-    json: { scopes: scopes.map((s) => SCOPE + s) },
-  });
-  assert.equal(res.status, 201, res.text);
-  return node.agent.client.token(res.body.client_id, res.body.client_secret);
-}
-
-function assertError(res: ApiResponse, status: number, code: string, what = ''): void {
-  assert.equal(res.status, status, `${what}: ${res.status} ${res.text}`);
-  assert.deepEqual(Object.keys(res.body).sort(), ['code', 'error'], what);
-  assert.equal(res.body.code, code, `${what}: ${res.text}`);
 }
 
 describe('routes API', () => {
@@ -92,7 +63,7 @@ describe('routes API', () => {
   };
 
   before(async () => {
-    [a, b] = await Promise.all([startBootstrapped(vendor), startBootstrapped(vendor)]);
+    [a, b] = await Promise.all([startNode(vendor), startNode(vendor)]);
     const join = await api().post('/v1/peers', {
       token: a.token,
       json: { address: `127.0.0.1:${b.agent.port}` },

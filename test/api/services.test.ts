@@ -7,11 +7,10 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, beforeEach, describe, it } from 'node:test';
-import { AgentProcess, bootstrap } from '../helpers/agent-process.js';
-import type { ApiResponse } from '../helpers/api-client.js';
-import { makeVendor, type Vendor } from '../helpers/licenses.js';
+import { assertError } from '../helpers/api-assertions.js';
+import { makeVendor } from '../helpers/licenses.js';
+import { type Node, scopedToken, startNode } from '../helpers/nodes.js';
 
-const SCOPE = 'urn:vendor:service:';
 const TIMESTAMP = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$/;
 const UNKNOWN_ID = '00000000-0000-4000-8000-000000000000';
 
@@ -42,36 +41,6 @@ const LIST_FIELDS = [...COMMON_FIELDS, 'route_count'].sort();
 const SINGLE_FIELDS = [...COMMON_FIELDS, 'routes'].sort();
 const SINGLE_ROUTE_FIELDS = ['dest_cidr', 'id', 'priority', 'source_cidr'];
 
-interface Node {
-  agent: AgentProcess;
-  token: string;
-  peerId: string;
-}
-
-async function startBootstrapped(vendor: Vendor, overrides = {}): Promise<Node> {
-  const agent = await AgentProcess.start({ vendor });
-  const creds = await bootstrap(agent, vendor, overrides);
-  const token = await agent.client.token(creds.clientId, creds.clientSecret);
-  return { agent, token, peerId: creds.body.peer_id as string };
-}
-
-/** A token of a new credential holding exactly the given scopes (short names). */
-async function scopedToken(node: Node, ...scopes: string[]): Promise<string> {
-  const res = await node.agent.client.post('/v1/credentials', {
-    token: node.token,
-    json: { scopes: scopes.map((s) => SCOPE + s) },
-  });
-  assert.equal(res.status, 201, res.text);
-  return node.agent.client.token(res.body.client_id, res.body.client_secret);
-}
-
-function assertError(res: ApiResponse, status: number, code: string, what = ''): void {
-  assert.equal(res.status, status, `${what}: ${res.status} ${res.text}`);
-  assert.deepEqual(Object.keys(res.body).sort(), ['code', 'error'], what);
-  assert.equal(res.body.code, code, `${what}: ${res.text}`);
-  assert.equal(typeof res.body.error, 'string');
-}
-
 const keys = (o: object) => Object.keys(o).sort();
 
 describe('services API', () => {
@@ -99,9 +68,9 @@ describe('services API', () => {
   before(async () => {
     // max_services 2 with three peers: the limit is reachable with distinct (source, target) pairs.
     [a, b, c] = await Promise.all([
-      startBootstrapped(vendor, { max_services: 2 }),
-      startBootstrapped(vendor, { max_services: 2 }),
-      startBootstrapped(vendor, { max_services: 2 }),
+      startNode(vendor, { max_services: 2 }),
+      startNode(vendor, { max_services: 2 }),
+      startNode(vendor, { max_services: 2 }),
     ]);
     for (const other of [b, c]) {
       const res = await api().post('/v1/peers', {

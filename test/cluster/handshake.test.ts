@@ -6,42 +6,26 @@ import assert from 'node:assert/strict';
 import { generateKeyPairSync, sign } from 'node:crypto';
 import http from 'node:http';
 import { after, before, describe, it } from 'node:test';
-import { AgentProcess, bootstrap } from '../helpers/agent-process.js';
+import { AgentProcess } from '../helpers/agent-process.js';
 import { makeVendor } from '../helpers/licenses.js';
+import { type Node, startNode } from '../helpers/nodes.js';
 import { freePort } from '../helpers/ports.js';
 
-interface Admin {
-  agent: AgentProcess;
-  token: string;
-  peerId: string;
-}
-
-async function startBootstrapped(vendor: ReturnType<typeof makeVendor>, overrides = {}): Promise<Admin> {
-  const agent = await AgentProcess.start({ vendor });
-  const creds = await bootstrap(agent, vendor, overrides);
-  const token = await agent.client.token(creds.clientId, creds.clientSecret);
-  return { agent, token, peerId: creds.body.peer_id as string };
-}
-
-const addressOf = (a: Admin) => `127.0.0.1:${a.agent.port}`;
-const clusterIdOf = async (x: Admin) =>
+const addressOf = (a: Node) => `127.0.0.1:${a.agent.port}`;
+const clusterIdOf = async (x: Node) =>
   (await x.agent.client.get('/v1/cluster/identity')).body.cluster_id as string;
-const peerIds = async (a: Admin) =>
+const peerIds = async (a: Node) =>
   ((await a.agent.client.get('/v1/peers', { token: a.token })).body as { id: string }[])
     .map((p) => p.id)
     .sort();
 
 describe('peer handshake', () => {
   const vendor = makeVendor();
-  let a: Admin;
-  let b: Admin;
-  let c: Admin;
+  let a: Node;
+  let b: Node;
+  let c: Node;
   before(async () => {
-    [a, b, c] = await Promise.all([
-      startBootstrapped(vendor),
-      startBootstrapped(vendor),
-      startBootstrapped(vendor),
-    ]);
+    [a, b, c] = await Promise.all([startNode(vendor), startNode(vendor), startNode(vendor)]);
   });
   after(async () => {
     for (const x of [a, b, c]) if (x) assert.equal(await x.agent.stop(), 0);
@@ -88,16 +72,16 @@ describe('peer handshake', () => {
 
 describe('peer handshake refusals', () => {
   const vendor = makeVendor();
-  let a: Admin;
+  let a: Node;
   before(async () => {
-    a = await startBootstrapped(vendor, { max_nodes: 2 });
+    a = await startNode(vendor, { max_nodes: 2 });
   });
   after(async () => {
     assert.equal(await a.agent.stop(), 0);
   });
 
   it('refuses an agent under another license: 422 LICENSE_MISMATCH, nothing changes', async () => {
-    const other = await startBootstrapped(vendor, { license_id: 'another-license' });
+    const other = await startNode(vendor, { license_id: 'another-license' });
     try {
       const res = await a.agent.client.post('/v1/peers', {
         token: a.token,
@@ -136,7 +120,7 @@ describe('peer handshake refusals', () => {
   });
 
   it('refuses a remote that serves a stolen identity but cannot sign for it: 422 HANDSHAKE_FAILED', async () => {
-    const victim = await startBootstrapped(vendor);
+    const victim = await startNode(vendor);
     const stolen = (await victim.agent.client.get('/v1/cluster/identity')).body;
     const impostorKey = generateKeyPairSync('ed25519').privateKey;
     const double = http.createServer((req, res) => {
@@ -185,8 +169,8 @@ describe('peer handshake refusals', () => {
   });
 
   it('refuses a join that would exceed max_nodes: 422 NODE_LIMIT_EXCEEDED, neither side changes', async () => {
-    const b = await startBootstrapped(vendor, { max_nodes: 2 });
-    const c = await startBootstrapped(vendor, { max_nodes: 2 });
+    const b = await startNode(vendor, { max_nodes: 2 });
+    const c = await startNode(vendor, { max_nodes: 2 });
     try {
       assert.equal(
         (await a.agent.client.post('/v1/peers', { token: a.token, json: { address: addressOf(b) } })).status,

@@ -31,6 +31,7 @@ export function assertError(res: ApiResponse, status: number, code: string, cont
   assert.equal(typeof res.body?.error, 'string', `${where}error text in ${res.text}`);
   assert.ok(res.body.error.length > 0, `${where}non-empty error text`);
   assert.equal(res.body.code, code, `${where}code in ${res.text}`);
+  assert.deepEqual(Object.keys(res.body).sort(), ['code', 'error'], `${where}exactly {error, code}`);
   assert.doesNotMatch(res.text, /\n\s+at /, `${where}no stack trace`);
 }
 
