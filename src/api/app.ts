@@ -21,7 +21,7 @@ import { ApiError } from '../domain/errors.js';
 import { ALL_SCOPES } from '../domain/scopes.js';
 import type { Store } from '../store/store.js';
 import { makeAuthorizeHook } from './authorize.js';
-import { replyWithError } from './error-reply.js';
+import { replyToClientError, replyWithError } from './error-reply.js';
 import { ROUTE_SCOPES, routeKey } from './route-scopes.js';
 import { registerBootstrapRoutes } from './routes/bootstrap.js';
 import { registerClusterRoutes } from './routes/cluster.js';
@@ -75,6 +75,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
     onProtoPoisoning: 'error',
     onConstructorPoisoning: 'error',
     return503OnClosing: true,
+    clientErrorHandler: replyToClientError,
     forceCloseConnections: 'idle',
     // Fastify's own request lines log the raw URL, query string included, where a careless
     // client may put a token. One line per request is written below instead, without the query.

@@ -79,3 +79,28 @@ function validationCode(error: FastifyError, request: FastifyRequest): ErrorCode
   }
   return 'INVALID_REQUEST';
 }
+
+/**
+ * Errors of Node's HTTP parser (malformed framing, oversized headers) never reach Fastify's
+ * error handler; this answers them on the raw socket in the same `{error, code}` shape and
+ * closes the connection, whose framing can no longer be trusted.
+ */
+export function replyToClientError(
+  err: Error & { code?: string },
+  socket: import('node:stream').Duplex,
+): void {
+  if (err.code === 'ECONNRESET' || !socket.writable) {
+    socket.destroy();
+    return;
+  }
+  const tooLarge = err.code === 'HPE_HEADER_OVERFLOW';
+  const status = tooLarge ? '431 Request Header Fields Too Large' : '400 Bad Request';
+  const body = JSON.stringify(
+    tooLarge
+      ? { error: 'the request headers are too large', code: 'HEADERS_TOO_LARGE' }
+      : { error: 'malformed HTTP request', code: 'INVALID_REQUEST' },
+  );
+  socket.end(
+    `HTTP/1.1 ${status}\r\ncontent-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
+  );
+}

@@ -58,7 +58,7 @@ export function registerClusterRoutes(app: FastifyInstance, deps: AppDeps): void
         tags: ['cluster'],
         summary: 'Rotate the cluster secret; the previous one stays valid for 24 hours',
         security: [{ oauth2: ['urn:vendor:service:credentials.write'] }],
-        response: { 200: RotatedClusterCredential, ...errorResponses(401, 403, 404) },
+        response: { 200: RotatedClusterCredential, ...errorResponses(400, 401, 403, 404, 413) },
       },
     },
     async (request) => {
@@ -101,7 +101,7 @@ export function registerClusterRoutes(app: FastifyInstance, deps: AppDeps): void
         tags: ['cluster'],
         summary: 'Trigger gossip heartbeats, configuration regeneration and subsystem processing now',
         security: [{ oauth2: ['urn:vendor:service:admin'] }],
-        response: { 200: SyncResponse, ...errorResponses(401, 403) },
+        response: { 200: SyncResponse, ...errorResponses(400, 401, 403, 413) },
       },
     },
     async (request) => {
