@@ -28,6 +28,7 @@ import net from 'node:net';
 import { after, before, describe, it } from 'node:test';
 import fc from 'fast-check';
 import { ERROR_STATUS, type ErrorCode } from '../../src/domain/errors.js';
+import { parsePeerAddress } from '../../src/domain/peer-address.js';
 import { ALL_SCOPES } from '../../src/domain/scopes.js';
 import { AgentProcess, bootstrap } from '../helpers/agent-process.js';
 import type { ApiClient, ApiResponse } from '../helpers/api-client.js';
@@ -73,6 +74,12 @@ interface FieldSpec {
   nullable?: boolean;
   /** Codes the endpoint may name for this field instead of INVALID_REQUEST (INVALID_TRANSPORT, INVALID_CIDR). */
   codes?: ErrorCode[];
+  /**
+   * The agent dials this field's value (a peer address): random strings are kept only when they
+   * do not parse as host:port, so a generated value never makes the agent resolve or dial
+   * anything but the loopback addresses of `sameType`.
+   */
+  dialed?: boolean;
 }
 
 interface FuzzContext {
@@ -295,6 +302,7 @@ const ENDPOINTS: Endpoint[] = [
         path: ['address'],
         type: 'string',
         required: true,
+        dialed: true,
         invalid: [
           '',
           'nohost',
@@ -741,7 +749,10 @@ function badValue(field: FieldSpec): fc.Arbitrary<unknown> {
 function anyValue(field: FieldSpec): fc.Arbitrary<unknown> {
   const options: fc.Arbitrary<unknown>[] = [badValue(field), fc.constant(REMOVE)];
   if (field.sameType) options.push(field.sameType);
-  if (field.type === 'string') options.push(fc.string({ maxLength: 40 }), hugeString);
+  if (field.type === 'string') {
+    const random = fc.string({ maxLength: 40 });
+    options.push(field.dialed ? random.filter((v) => parsePeerAddress(v) === undefined) : random, hugeString);
+  }
   if (field.type === 'integer') options.push(fc.integer({ min: -1000, max: 1000 }));
   return fc.oneof(...options);
 }
