@@ -195,6 +195,63 @@ describe('peer handshake refusals', () => {
     }
   });
 
+  it('follows no redirect, waits at most 2 s and reads at most 64 KiB of an identity: 422 HANDSHAKE_FAILED', async () => {
+    const real = await startNode(vendor);
+    let hangs = 0;
+    const double = http.createServer((req, res) => {
+      if (req.url !== '/v1/cluster/identity') return res.writeHead(404).end();
+      const kind = req.headers.host?.split(':')[0];
+      if (kind === '127.0.0.2') {
+        // A redirect to a genuine agent of the same license: following it would succeed.
+        return res
+          .writeHead(302, { location: `http://127.0.0.1:${real.agent.port}/v1/cluster/identity` })
+          .end();
+      }
+      if (kind === '127.0.0.3') {
+        hangs++;
+        return; // never answers
+      }
+      // 127.0.0.4: a valid identity padded past 64 KiB.
+      res.writeHead(200, { 'content-type': 'application/json' });
+      return res.end(
+        JSON.stringify({
+          peer_id: 'x',
+          public_key: 'y',
+          license_id: 'license-test',
+          pad: 'z'.repeat(70_000),
+        }),
+      );
+    });
+    const port = await freePort('0.0.0.0');
+    await new Promise<void>((r) => double.listen(port, '0.0.0.0', r));
+    const peersBefore = await peerIds(a);
+    try {
+      for (const host of ['127.0.0.2', '127.0.0.3', '127.0.0.4']) {
+        const started = Date.now();
+        const res = await a.agent.client.post('/v1/peers', {
+          token: a.token,
+          json: { address: `${host}:${port}` },
+        });
+        const took = Date.now() - started;
+        assert.equal(res.status, 422, `${host}: ${res.text}`);
+        assert.equal(res.body.code, 'HANDSHAKE_FAILED', host);
+        if (host === '127.0.0.3') {
+          assert.ok(took >= 1900 && took < 6000, `gave up after ${took} ms`);
+          assert.match(res.body.error, /no answer within 2000 ms/);
+        }
+        // Without the cap the padded identity would be parsed and fail later for another reason.
+        if (host === '127.0.0.4') assert.match(res.body.error, /larger than 65536 bytes/);
+        if (host === '127.0.0.2') assert.match(res.body.error, /refused the handshake: status 302|not JSON/);
+      }
+      assert.equal(hangs, 1);
+      assert.deepEqual(await peerIds(a), peersBefore, 'nothing added');
+    } finally {
+      double.closeAllConnections();
+      double.close();
+      assert.equal(await real.agent.stop(), 0);
+    }
+  });
+
   it('refuses malformed addresses without dialing: 400 INVALID_REQUEST', async () => {
     for (const address of ['127.0.0.1:0', '127.0.0.1:65536', '::1:7480', 'x'.repeat(10_000), '', 'host']) {
       const res = await a.agent.client.post('/v1/peers', { token: a.token, json: { address } });
