@@ -66,17 +66,11 @@ export function createLogger(level: string, destination?: NodeJS.WritableStream)
   return pino(
     {
       level,
-      // Secrets never reach a log line: the request serializer omits headers and bodies, and
-      // these paths cover any object a module might log by mistake.
+      // Secrets never reach a log line: request lines carry no headers, bodies or query strings,
+      // and these paths catch a secret logged by mistake at the top level. Wildcard paths
+      // (`*.client_secret`) made every line cost 1.6 times as much (bench/api/hot-path-costs.ts).
       redact: {
-        paths: [
-          'req.headers.authorization',
-          '*.client_secret',
-          '*.access_token',
-          '*.authorization',
-          'client_secret',
-          'access_token',
-        ],
+        paths: ['req.headers.authorization', 'authorization', 'client_secret', 'access_token'],
         censor: '[redacted]',
       },
     },

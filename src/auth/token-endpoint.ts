@@ -71,7 +71,7 @@ export class TokenEndpoint {
       scopes = wanted;
     }
 
-    const issued = await this.tokens.issue(credential.clientId, scopes);
+    const issued = this.tokens.issue(credential.clientId, scopes);
     const now = this.clock.now();
     const lastUsed = credential.lastUsedAt === null ? undefined : Date.parse(credential.lastUsedAt);
     if (lastUsed === undefined || now - lastUsed >= LAST_USED_RESOLUTION_MS) {

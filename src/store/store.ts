@@ -149,6 +149,7 @@ export interface BootstrapRecords {
 export class Store {
   readonly db: Db;
   private readonly stmts;
+  private credentialCache: Map<string, CredentialRecord> | undefined;
 
   constructor(file: string) {
     this.db = openDatabase(file);
@@ -158,7 +159,6 @@ export class Store {
       state: db.prepare('SELECT * FROM agent_state WHERE singleton = 1'),
       peerById: db.prepare('SELECT * FROM peers WHERE id = ?'),
       peers: db.prepare('SELECT * FROM peers ORDER BY created_at, id'),
-      credentialById: db.prepare('SELECT * FROM credentials WHERE client_id = ?'),
       credentials: db.prepare('SELECT * FROM credentials ORDER BY created_at, client_id'),
       insertCredential: db.prepare(
         `INSERT INTO credentials (client_id, secret_hash, scopes, license_id, created_at, last_used_at)
@@ -228,7 +228,12 @@ export class Store {
 
   /** Runs `fn` in one transaction: all of its writes land, or none. */
   transaction<T>(fn: () => T): T {
-    return this.db.transaction(fn)();
+    try {
+      return this.db.transaction(fn)();
+    } finally {
+      // Committed or rolled back, cached reads taken inside may no longer be what is stored.
+      this.credentialCache = undefined;
+    }
   }
 
   // --- agent state -------------------------------------------------------------------------
@@ -386,26 +391,45 @@ export class Store {
 
   // --- API credentials ---------------------------------------------------------------------
 
-  credential(clientId: string): CredentialRecord | undefined {
-    const row = this.stmts.credentialById.get(clientId) as CredentialRow | undefined;
-    return row && toCredential(row);
+  /** The record is shared with the cache: read it, never change it. */
+  credential(clientId: string): Readonly<CredentialRecord> | undefined {
+    return this.cachedCredentials().get(clientId);
   }
 
-  credentials(): CredentialRecord[] {
-    return (this.stmts.credentials.all() as CredentialRow[]).map(toCredential);
+  credentials(): Readonly<CredentialRecord>[] {
+    return [...this.cachedCredentials().values()];
   }
 
   insertCredential(c: CredentialRecord): void {
     this.stmts.insertCredential.run({ ...c, scopes: JSON.stringify(c.scopes) });
+    this.credentialCache = undefined;
   }
 
   /** Returns false when there was no such credential. */
   deleteCredential(clientId: string): boolean {
-    return this.stmts.deleteCredential.run(clientId).changes === 1;
+    const deleted = this.stmts.deleteCredential.run(clientId).changes === 1;
+    this.credentialCache = undefined;
+    return deleted;
   }
 
   touchCredential(clientId: string, at: string): void {
     this.stmts.touchCredential.run(at, clientId);
+    this.credentialCache = undefined;
+  }
+
+  /**
+   * Every authenticated request reads its credential (revocation check) and the token endpoint
+   * reads one per grant; two SQLite reads per request cost more than the rest of a read
+   * (bench/api/ladder.ts). The table is small and only this process writes it, so it is held in
+   * memory, dropped on every write and reloaded on the next read: a revocation is seen by the
+   * very next request.
+   */
+  private cachedCredentials(): Map<string, CredentialRecord> {
+    if (!this.credentialCache) {
+      const rows = this.stmts.credentials.all() as CredentialRow[];
+      this.credentialCache = new Map(rows.map((r) => [r.client_id, toCredential(r)]));
+    }
+    return this.credentialCache;
   }
 
   // --- cluster credential ------------------------------------------------------------------
