@@ -76,6 +76,12 @@ export interface ScenarioContext {
   localPeerId: string;
   /** Authenticated JSON call for setup steps; throws on a non-2xx answer. */
   api(method: string, path: string, body?: unknown): Promise<unknown>;
+  /**
+   * Starts `count` more agents under the same license, bootstraps them and joins each to the
+   * measured agent by the handshake (POST /v1/peers); returns their peer ids. They idle during
+   * the measurements and stop with the measured agent.
+   */
+  addPeers(count: number): Promise<string[]>;
 }
 
 export interface Scenario {
@@ -110,8 +116,36 @@ export const SCENARIOS: readonly Scenario[] = [
     minRatio: 0.6,
     request: (ctx) => ({ method: 'GET', path: '/v1/credentials', headers: bearer(ctx) }),
   },
-  // Next (its issue): GET /v1/services with setup creating 100 services through ctx.api, and
-  // GET /v1/peers/${ctx.localPeerId}; each is one entry like the two above.
+  {
+    name: 'GET /v1/services (100 services)',
+    minRatio: 0.6,
+    // 100 services need 100 distinct (source, target) pairs: 11 peers give 110.
+    setup: async (ctx) => {
+      const peers = [ctx.localPeerId, ...(await ctx.addPeers(10))];
+      const pairs = peers.flatMap((source) =>
+        peers.filter((t) => t !== source).map((target) => [source, target]),
+      );
+      for (const [i, [source, target]] of pairs.slice(0, 100).entries()) {
+        const service = (await ctx.api('POST', '/v1/services', {
+          source_peer_id: source,
+          target_peer_id: target,
+          bandwidth_limit_mbps: i,
+        })) as { id: string };
+        await ctx.api('POST', `/v1/services/${service.id}/routes`, {
+          routes: [
+            { priority: 10, dest_cidr: `10.${i}.0.0/16` },
+            { priority: 20, source_cidr: `fd00:${i.toString(16)}::/32`, dest_cidr: '::/0' },
+          ],
+        });
+      }
+    },
+    request: (ctx) => ({ method: 'GET', path: '/v1/services', headers: bearer(ctx) }),
+  },
+  {
+    name: 'GET /v1/peers/{id}',
+    minRatio: 0.6,
+    request: (ctx) => ({ method: 'GET', path: `/v1/peers/${ctx.localPeerId}`, headers: bearer(ctx) }),
+  },
 ];
 
 /** Targets that hold for every scenario. */
@@ -205,15 +239,21 @@ interface Agent {
   exited: Promise<void>;
 }
 
-async function startAgent(workDir: string, publicKeyFile: string, resultsDir: string): Promise<Agent> {
+async function startAgent(
+  workDir: string,
+  publicKeyFile: string,
+  resultsDir: string,
+  name = 'agent',
+  fixedPort = 7480,
+): Promise<Agent> {
   const profDir = join(resultsDir, 'cpu-prof');
-  const logPath = join(settings.keepAgentLog ? resultsDir : workDir, 'agent.log');
-  const port = INSIDE_NETNS ? 7480 : await freePort();
+  const measured = name === 'agent';
+  const logPath = join(settings.keepAgentLog && measured ? resultsDir : workDir, `${name}.log`);
+  const port = INSIDE_NETNS ? fixedPort : await freePort();
   const logFd = openSync(logPath, 'a');
-  const nodeArgs = [
-    ...(settings.cpuProf ? ['--cpu-prof', `--cpu-prof-dir=${profDir}`] : []),
-    ...settings.agentNodeArgs,
-  ];
+  const nodeArgs = measured
+    ? [...(settings.cpuProf ? ['--cpu-prof', `--cpu-prof-dir=${profDir}`] : []), ...settings.agentNodeArgs]
+    : [];
   const proc = spawn(
     process.execPath,
     [
@@ -223,7 +263,7 @@ async function startAgent(workDir: string, publicKeyFile: string, resultsDir: st
       '--listen',
       `127.0.0.1:${port}`,
       '--data-dir',
-      join(workDir, 'data'),
+      join(workDir, measured ? 'data' : `data-${name}`),
       '--license-public-key',
       publicKeyFile,
       '--log-level',
@@ -260,8 +300,8 @@ async function jsonCall(url: string, init: RequestInit): Promise<unknown> {
   return text === '' ? undefined : JSON.parse(text);
 }
 
-/** Bootstraps with a license of our own vendor key; returns the context scenarios use. */
-async function prepareAgent(baseUrl: string, vendorKeyPem: string): Promise<ScenarioContext> {
+/** Bootstraps an agent with a license of our own vendor key (the same license_id every time). */
+async function bootstrapAgent(baseUrl: string, vendorKeyPem: string, name: string) {
   const now = Date.now();
   const license = signLicense(
     {
@@ -274,11 +314,20 @@ async function prepareAgent(baseUrl: string, vendorKeyPem: string): Promise<Scen
     },
     loadLicenseSigningKey(vendorKeyPem),
   );
-  const boot = (await jsonCall(`${baseUrl}/v1/bootstrap`, {
+  return (await jsonCall(`${baseUrl}/v1/bootstrap`, {
     method: 'POST',
     headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ license, name: 'bench' }),
+    body: JSON.stringify({ license, name }),
   })) as { client_id: string; client_secret: string; peer_id: string };
+}
+
+/** Bootstraps the measured agent; returns the context scenarios use. */
+async function prepareAgent(
+  baseUrl: string,
+  vendorKeyPem: string,
+  addPeers: ScenarioContext['addPeers'],
+): Promise<ScenarioContext> {
+  const boot = await bootstrapAgent(baseUrl, vendorKeyPem, 'bench');
   const token = (await jsonCall(`${baseUrl}/v1/oauth/token`, {
     method: 'POST',
     headers: { 'content-type': 'application/x-www-form-urlencoded' },
@@ -295,6 +344,7 @@ async function prepareAgent(baseUrl: string, vendorKeyPem: string): Promise<Scen
     clientSecret: boot.client_secret,
     accessToken,
     localPeerId: boot.peer_id,
+    addPeers,
     api: (method, path, body) =>
       jsonCall(`${baseUrl}${path}`, {
         method,
@@ -513,8 +563,20 @@ async function bench(): Promise<number> {
   process.once('SIGINT', stopOnSignal);
   process.once('SIGTERM', stopOnSignal);
   const sampler = rssSampler(pid);
+  const extras: Agent[] = [];
   try {
-    const ctx = await prepareAgent(agent.baseUrl, pair.privatePem);
+    const addPeers = async (count: number): Promise<string[]> => {
+      const ids: string[] = [];
+      for (let i = 0; i < count; i++) {
+        const name = `peer${extras.length + 1}`;
+        const extra = await startAgent(workDir, publicKeyFile, resultsDir, name, 7481 + extras.length);
+        extras.push(extra);
+        ids.push((await bootstrapAgent(extra.baseUrl, pair.privatePem, name)).peer_id);
+        await ctx.api('POST', '/v1/peers', { address: extra.baseUrl.replace(/^http:\/\//, '') });
+      }
+      return ids;
+    };
+    const ctx: ScenarioContext = await prepareAgent(agent.baseUrl, pair.privatePem, addPeers);
     for (const s of scenarios) await s.setup?.(ctx);
     await sleep(1000);
     sampler.mark();
@@ -588,6 +650,7 @@ async function bench(): Promise<number> {
     return table.includes('Overall: FAIL') ? 1 : 0;
   } finally {
     sampler.stop();
+    await Promise.all(extras.map(stopAgent));
     await stopAgent(agent);
     rmSync(workDir, { recursive: true, force: true });
   }
