@@ -569,7 +569,8 @@ async function bench(): Promise<number> {
       const ids: string[] = [];
       for (let i = 0; i < count; i++) {
         const name = `peer${extras.length + 1}`;
-        const extra = await startAgent(workDir, publicKeyFile, resultsDir, name, 7481 + extras.length);
+        // 7480 is the measured agent, 7481 the CPU reference.
+        const extra = await startAgent(workDir, publicKeyFile, resultsDir, name, 7500 + extras.length);
         extras.push(extra);
         ids.push((await bootstrapAgent(extra.baseUrl, pair.privatePem, name)).peer_id);
         await ctx.api('POST', '/v1/peers', { address: extra.baseUrl.replace(/^http:\/\//, '') });

@@ -40,7 +40,7 @@ export const serviceListView = (s: ServiceRecord, routeCount: number, isActive: 
   route_count: routeCount,
 });
 
-export const serviceSingleView = (s: ServiceRecord, routes: RouteRecord[], isActive: boolean) => ({
+export const serviceSingleView = (s: ServiceRecord, routes: readonly RouteRecord[], isActive: boolean) => ({
   ...serviceCommon(s, isActive),
   routes: routes.map((r) => ({
     id: r.id,

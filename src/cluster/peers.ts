@@ -334,7 +334,7 @@ export class Peers {
       cluster_created_by: state.clusterCreatedBy,
       oldest_peer_id: oldest.id,
       oldest_peer_created_at: oldest.createdAt,
-      active_peer_ids: this.store.activePeerIds(),
+      active_peer_ids: [...this.store.activePeerIds()],
     };
   }
 

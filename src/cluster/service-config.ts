@@ -54,13 +54,12 @@ export class ServiceConfig {
   ) {}
 
   list(filter: ServiceFilter): { service: ServiceRecord; routeCount: number }[] {
-    const counts = this.store.routeCounts();
     return this.store
       .services(filter)
-      .map((service) => ({ service, routeCount: counts.get(service.id) ?? 0 }));
+      .map((service) => ({ service, routeCount: this.store.routeCount(service.id) }));
   }
 
-  get(id: string): { service: ServiceRecord; routes: RouteRecord[] } {
+  get(id: string): { service: ServiceRecord; routes: readonly RouteRecord[] } {
     const service = this.store.service(id);
     if (!service) throw notFound(`no service with id ${id}`);
     return { service, routes: this.store.routesOf(id) };
@@ -167,7 +166,7 @@ export class ServiceConfig {
     if (!this.store.deleteService(id)) throw notFound(`no service with id ${id}`);
   }
 
-  routes(serviceId: string): RouteRecord[] {
+  routes(serviceId: string): readonly RouteRecord[] {
     if (!this.store.service(serviceId)) throw notFound(`no service with id ${serviceId}`);
     return this.store.routesOf(serviceId);
   }

@@ -139,6 +139,21 @@ const toClusterSecret = (r: ClusterSecretRow): ClusterSecretRecord => ({
   validUntil: r.valid_until,
 });
 
+/** The configuration as of the last write: see Store.snap(). */
+interface Snapshot {
+  state: AgentState | undefined;
+  peers: PeerRecord[];
+  peerById: Map<string, PeerRecord>;
+  activePeerIds: string[];
+  services: ServiceRecord[];
+  serviceById: Map<string, ServiceRecord>;
+  /** `source target` -> service id. */
+  servicePairs: Map<string, string>;
+  routesByService: Map<string, RouteRecord[]>;
+  routeById: Map<number, RouteRecord>;
+  credentials: Map<string, CredentialRecord>;
+}
+
 export interface BootstrapRecords {
   state: AgentState;
   localPeer: PeerRecord;
@@ -149,7 +164,7 @@ export interface BootstrapRecords {
 export class Store {
   readonly db: Db;
   private readonly stmts;
-  private credentialCache: Map<string, CredentialRecord> | undefined;
+  private snapshot: Snapshot | undefined;
 
   constructor(file: string) {
     this.db = openDatabase(file);
@@ -157,7 +172,15 @@ export class Store {
     // Prepared once: the read paths sit under every authenticated request.
     this.stmts = {
       state: db.prepare('SELECT * FROM agent_state WHERE singleton = 1'),
+      insertState: db.prepare(
+        `INSERT INTO agent_state (singleton, license_json, license_id, customer_id, issued_at, expires_at,
+           max_nodes, max_services, local_peer_id, cluster_id, description, bootstrapped_at, cluster_created_by)
+         VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+      ),
       peerById: db.prepare('SELECT * FROM peers WHERE id = ?'),
+      credentialById: db.prepare('SELECT * FROM credentials WHERE client_id = ?'),
+      allServices: db.prepare('SELECT * FROM services ORDER BY created_at, id'),
+      allRoutes: db.prepare('SELECT * FROM routes ORDER BY priority, id'),
       peers: db.prepare('SELECT * FROM peers ORDER BY created_at, id'),
       credentials: db.prepare('SELECT * FROM credentials ORDER BY created_at, client_id'),
       insertCredential: db.prepare(
@@ -183,15 +206,7 @@ export class Store {
       ),
       serviceById: db.prepare('SELECT * FROM services WHERE id = ?'),
       servicePair: db.prepare('SELECT id FROM services WHERE source_peer_id = ? AND target_peer_id = ?'),
-      services: db.prepare(
-        `SELECT * FROM services
-         WHERE (@sourcePeerId IS NULL OR source_peer_id = @sourcePeerId)
-           AND (@targetPeerId IS NULL OR target_peer_id = @targetPeerId)
-           AND (@requiresInterface IS NULL OR requires_interface = @requiresInterface)
-         ORDER BY created_at, id`,
-      ),
       serviceCount: db.prepare('SELECT count(*) AS n FROM services'),
-      routeCounts: db.prepare('SELECT service_id, count(*) AS n FROM routes GROUP BY service_id'),
       insertService: db.prepare(
         `INSERT INTO services (id, source_peer_id, target_peer_id, transport_type, requires_interface,
            desired_ipv4_cidr, desired_ipv6_cidr, fully_transparent, bandwidth_limit_mbps, version, created_at, updated_at)
@@ -231,14 +246,63 @@ export class Store {
     try {
       return this.db.transaction(fn)();
     } finally {
-      // Committed or rolled back, cached reads taken inside may no longer be what is stored.
-      this.credentialCache = undefined;
+      // Committed or rolled back, a snapshot taken meanwhile may not be what is stored.
+      this.snapshot = undefined;
+    }
+  }
+
+  /**
+   * Reads outside a transaction come from an in-memory snapshot of the configuration, built on
+   * the first read after a write and dropped by every write. Through this binding a 100-row read
+   * costs about 0.3 ms on the benchmark machine, which made GET /v1/services cost a millisecond
+   * (bench/api); the tables are small (bounded by the license) and only this process writes
+   * them. Reads inside a transaction go to SQLite, so they see that transaction's own writes.
+   * Returned records are shared: read them, never change them.
+   */
+  private snap(): Snapshot {
+    if (!this.snapshot) {
+      const peers = (this.stmts.peers.all() as PeerRow[]).map(toPeer);
+      const services = (this.stmts.allServices.all() as ServiceRow[]).map(toService);
+      const routes = (this.stmts.allRoutes.all() as RouteRow[]).map(toRoute);
+      const routesByService = new Map<string, RouteRecord[]>();
+      for (const r of routes) {
+        const list = routesByService.get(r.serviceId) ?? [];
+        list.push(r);
+        routesByService.set(r.serviceId, list);
+      }
+      const credentials = (this.stmts.credentials.all() as CredentialRow[]).map(toCredential);
+      this.snapshot = {
+        state: this.readState(),
+        peers,
+        peerById: new Map(peers.map((p) => [p.id, p])),
+        activePeerIds: peers.filter((p) => p.isActive).map((p) => p.id),
+        services,
+        serviceById: new Map(services.map((x) => [x.id, x])),
+        servicePairs: new Map(services.map((x) => [`${x.sourcePeerId} ${x.targetPeerId}`, x.id])),
+        routesByService,
+        routeById: new Map(routes.map((r) => [r.id, r])),
+        credentials: new Map(credentials.map((c) => [c.clientId, c])),
+      };
+    }
+    return this.snapshot;
+  }
+
+  /** Every write goes through here, so no snapshot outlives a change. */
+  private write<T>(fn: () => T): T {
+    try {
+      return fn();
+    } finally {
+      this.snapshot = undefined;
     }
   }
 
   // --- agent state -------------------------------------------------------------------------
 
   agentState(): AgentState | undefined {
+    return this.db.inTransaction ? this.readState() : this.snap().state;
+  }
+
+  private readState(): AgentState | undefined {
     const row = this.stmts.state.get() as
       | {
           license_json: string;
@@ -264,172 +328,163 @@ export class Store {
   bootstrap(records: BootstrapRecords): void {
     const { state, localPeer, firstCredential, clusterSecret } = records;
     this.transaction(() => {
-      this.db
-        .prepare(
-          `INSERT INTO agent_state (singleton, license_json, license_id, customer_id, issued_at, expires_at,
-             max_nodes, max_services, local_peer_id, cluster_id, description, bootstrapped_at, cluster_created_by)
-           VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-        )
-        .run(
-          JSON.stringify(state.license),
-          state.license.license_id,
-          state.license.customer_id,
-          state.license.issued_at,
-          state.license.expires_at,
-          state.license.max_nodes,
-          state.license.max_services,
-          state.localPeerId,
-          state.clusterId,
-          state.description,
-          state.bootstrappedAt,
-          state.clusterCreatedBy,
-        );
+      this.stmts.insertState.run(
+        JSON.stringify(state.license),
+        state.license.license_id,
+        state.license.customer_id,
+        state.license.issued_at,
+        state.license.expires_at,
+        state.license.max_nodes,
+        state.license.max_services,
+        state.localPeerId,
+        state.clusterId,
+        state.description,
+        state.bootstrappedAt,
+        state.clusterCreatedBy,
+      );
       this.insertPeer(localPeer);
       this.insertCredential(firstCredential);
       this.insertClusterSecret(clusterSecret);
     });
   }
 
+  setCluster(clusterId: string, createdBy: string): void {
+    this.write(() => this.stmts.setCluster.run(clusterId, createdBy));
+  }
+
   // --- peers -------------------------------------------------------------------------------
 
   peer(id: string): PeerRecord | undefined {
+    if (!this.db.inTransaction) return this.snap().peerById.get(id);
     const row = this.stmts.peerById.get(id) as PeerRow | undefined;
     return row && toPeer(row);
   }
 
-  peers(): PeerRecord[] {
-    return (this.stmts.peers.all() as PeerRow[]).map(toPeer);
+  /** Ordered by created_at, then id. */
+  peers(): readonly PeerRecord[] {
+    return this.db.inTransaction ? (this.stmts.peers.all() as PeerRow[]).map(toPeer) : this.snap().peers;
+  }
+
+  activePeerIds(): readonly string[] {
+    if (!this.db.inTransaction) return this.snap().activePeerIds;
+    return (this.stmts.activePeerIds.all() as { id: string }[]).map((r) => r.id);
   }
 
   insertPeer(p: PeerRecord): void {
-    this.stmts.insertPeer.run({ ...p, isActive: p.isActive ? 1 : 0 });
+    this.write(() => this.stmts.insertPeer.run({ ...p, isActive: p.isActive ? 1 : 0 }));
   }
 
   /** Writes every field of the peer except id, public key and created_at. */
   updatePeer(p: PeerRecord): void {
-    this.stmts.updatePeer.run({ ...p, isActive: p.isActive ? 1 : 0 });
+    this.write(() => this.stmts.updatePeer.run({ ...p, isActive: p.isActive ? 1 : 0 }));
   }
 
   /** Deletes the peer and, by cascade, every service (and its routes) that involves it. */
   deletePeer(id: string): boolean {
-    return this.stmts.deletePeer.run(id).changes === 1;
-  }
-
-  activePeerIds(): string[] {
-    return (this.stmts.activePeerIds.all() as { id: string }[]).map((r) => r.id);
-  }
-
-  setCluster(clusterId: string, createdBy: string): void {
-    this.stmts.setCluster.run(clusterId, createdBy);
+    return this.write(() => this.stmts.deletePeer.run(id).changes === 1);
   }
 
   // --- services ----------------------------------------------------------------------------
 
   service(id: string): ServiceRecord | undefined {
+    if (!this.db.inTransaction) return this.snap().serviceById.get(id);
     const row = this.stmts.serviceById.get(id) as ServiceRow | undefined;
     return row && toService(row);
   }
 
   serviceIdForPair(sourcePeerId: string, targetPeerId: string): string | undefined {
+    if (!this.db.inTransaction) return this.snap().servicePairs.get(`${sourcePeerId} ${targetPeerId}`);
     return (this.stmts.servicePair.get(sourcePeerId, targetPeerId) as { id: string } | undefined)?.id;
   }
 
+  /** Ordered by created_at, then id. */
   services(filter: ServiceFilter = {}): ServiceRecord[] {
-    const rows = this.stmts.services.all({
-      sourcePeerId: filter.sourcePeerId ?? null,
-      targetPeerId: filter.targetPeerId ?? null,
-      requiresInterface: filter.requiresInterface === undefined ? null : filter.requiresInterface ? 1 : 0,
-    }) as ServiceRow[];
-    return rows.map(toService);
+    const all = this.db.inTransaction
+      ? (this.stmts.allServices.all() as ServiceRow[]).map(toService)
+      : this.snap().services;
+    return all.filter(
+      (x) =>
+        (filter.sourcePeerId === undefined || x.sourcePeerId === filter.sourcePeerId) &&
+        (filter.targetPeerId === undefined || x.targetPeerId === filter.targetPeerId) &&
+        (filter.requiresInterface === undefined || x.requiresInterface === filter.requiresInterface),
+    );
   }
 
   serviceCount(): number {
+    if (!this.db.inTransaction) return this.snap().services.length;
     return (this.stmts.serviceCount.get() as { n: number }).n;
   }
 
-  routeCounts(): Map<string, number> {
-    const rows = this.stmts.routeCounts.all() as { service_id: string; n: number }[];
-    return new Map(rows.map((r) => [r.service_id, r.n]));
+  routeCount(serviceId: string): number {
+    return this.routesOf(serviceId).length;
   }
 
   insertService(s: ServiceRecord): void {
-    this.stmts.insertService.run(serviceParams(s));
+    this.write(() => this.stmts.insertService.run(serviceParams(s)));
   }
 
   /** Writes the fields PUT may change, plus version and updated_at. */
   updateService(s: ServiceRecord): void {
-    this.stmts.updateService.run(serviceParams(s));
+    this.write(() => this.stmts.updateService.run(serviceParams(s)));
   }
 
   /** Deletes the service and, by cascade, its routes. */
   deleteService(id: string): boolean {
-    return this.stmts.deleteService.run(id).changes === 1;
+    return this.write(() => this.stmts.deleteService.run(id).changes === 1);
   }
 
   // --- routes ------------------------------------------------------------------------------
 
-  routesOf(serviceId: string): RouteRecord[] {
+  /** Ordered by priority, then id. */
+  routesOf(serviceId: string): readonly RouteRecord[] {
+    if (!this.db.inTransaction) return this.snap().routesByService.get(serviceId) ?? [];
     return (this.stmts.routesOf.all(serviceId) as RouteRow[]).map(toRoute);
   }
 
   route(id: number): RouteRecord | undefined {
+    if (!this.db.inTransaction) return this.snap().routeById.get(id);
     const row = this.stmts.routeById.get(id) as RouteRow | undefined;
     return row && toRoute(row);
   }
 
   insertRoute(r: RouteRecord): void {
-    this.stmts.insertRoute.run(r);
+    this.write(() => this.stmts.insertRoute.run(r));
   }
 
   updateRoute(r: RouteRecord): void {
-    this.stmts.updateRoute.run(r);
+    this.write(() => this.stmts.updateRoute.run(r));
   }
 
   deleteRoute(id: number): boolean {
-    return this.stmts.deleteRoute.run(id).changes === 1;
+    return this.write(() => this.stmts.deleteRoute.run(id).changes === 1);
   }
 
   // --- API credentials ---------------------------------------------------------------------
 
-  /** The record is shared with the cache: read it, never change it. */
+  /** Read on every authenticated request (the revocation check): from the snapshot. */
   credential(clientId: string): Readonly<CredentialRecord> | undefined {
-    return this.cachedCredentials().get(clientId);
+    if (!this.db.inTransaction) return this.snap().credentials.get(clientId);
+    const row = this.stmts.credentialById.get(clientId) as CredentialRow | undefined;
+    return row && toCredential(row);
   }
 
+  /** Ordered by created_at, then client_id. */
   credentials(): Readonly<CredentialRecord>[] {
-    return [...this.cachedCredentials().values()];
+    if (!this.db.inTransaction) return [...this.snap().credentials.values()];
+    return (this.stmts.credentials.all() as CredentialRow[]).map(toCredential);
   }
 
   insertCredential(c: CredentialRecord): void {
-    this.stmts.insertCredential.run({ ...c, scopes: JSON.stringify(c.scopes) });
-    this.credentialCache = undefined;
+    this.write(() => this.stmts.insertCredential.run({ ...c, scopes: JSON.stringify(c.scopes) }));
   }
 
   /** Returns false when there was no such credential. */
   deleteCredential(clientId: string): boolean {
-    const deleted = this.stmts.deleteCredential.run(clientId).changes === 1;
-    this.credentialCache = undefined;
-    return deleted;
+    return this.write(() => this.stmts.deleteCredential.run(clientId).changes === 1);
   }
 
   touchCredential(clientId: string, at: string): void {
-    this.stmts.touchCredential.run(at, clientId);
-    this.credentialCache = undefined;
-  }
-
-  /**
-   * Every authenticated request reads its credential (revocation check) and the token endpoint
-   * reads one per grant; two SQLite reads per request cost more than the rest of a read
-   * (bench/api/ladder.ts). The table is small and only this process writes it, so it is held in
-   * memory, dropped on every write and reloaded on the next read: a revocation is seen by the
-   * very next request.
-   */
-  private cachedCredentials(): Map<string, CredentialRecord> {
-    if (!this.credentialCache) {
-      const rows = this.stmts.credentials.all() as CredentialRow[];
-      this.credentialCache = new Map(rows.map((r) => [r.client_id, toCredential(r)]));
-    }
-    return this.credentialCache;
+    this.write(() => this.stmts.touchCredential.run(at, clientId));
   }
 
   // --- cluster credential ------------------------------------------------------------------
@@ -440,7 +495,7 @@ export class Store {
   }
 
   insertClusterSecret(s: ClusterSecretRecord): void {
-    this.stmts.insertClusterSecret.run(s);
+    this.write(() => this.stmts.insertClusterSecret.run(s));
   }
 
   /** Makes `next` current and starts the grace period of the one it replaces, in one transaction. */

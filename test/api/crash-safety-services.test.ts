@@ -30,6 +30,7 @@ import type { ApiResponse, Conformance } from '../helpers/api-client.js';
 import { type DumpValue, dumpDatabase, integrityCheck } from '../helpers/db-dump.js';
 import { makeVendor } from '../helpers/licenses.js';
 import { join, type Node, startNode } from '../helpers/nodes.js';
+import { prng, SEED } from '../helpers/seeded-random.js';
 
 // 30 kill/restart rounds, as for credentials: enough different kill moments (after 1 to 49
 // answers, at once or a few ms later, among five kinds of write) to catch a lost or torn write,
@@ -42,21 +43,6 @@ const CONCURRENT = 50;
 const INITIAL_SERVICES = 12;
 /** A, plus this many agents joined to it. */
 const OTHER_AGENTS = 4;
-
-const SEED =
-  process.env.CRASH_SEED === undefined ? (Date.now() ^ process.pid) >>> 0 : Number(process.env.CRASH_SEED);
-
-/** mulberry32: a small seeded PRNG, so a failing run can be replayed. */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4_294_967_296;
-  };
-}
 
 /** The fields of a service's single form that its creation fixes (plus the bandwidth). */
 interface ServiceFields {

@@ -19,6 +19,7 @@ import { AgentProcess, bootstrap } from '../helpers/agent-process.js';
 import type { ApiResponse } from '../helpers/api-client.js';
 import { integrityCheck } from '../helpers/db-dump.js';
 import { makeVendor } from '../helpers/licenses.js';
+import { prng, SEED } from '../helpers/seeded-random.js';
 
 // 30 kill/restart rounds: enough different kill moments (after 1 to 49 answers, at once or a
 // few ms later) to catch a lost write, while one round (restart included) takes about a second,
@@ -26,21 +27,6 @@ import { makeVendor } from '../helpers/licenses.js';
 const ROUNDS = 30;
 /** Credential creations in flight per round. */
 const CONCURRENT = 50;
-
-const SEED =
-  process.env.CRASH_SEED === undefined ? (Date.now() ^ process.pid) >>> 0 : Number(process.env.CRASH_SEED);
-
-/** mulberry32: a small seeded PRNG, so a failing run can be replayed. */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4_294_967_296;
-  };
-}
 
 /** `count` different non-empty scope sets, in ALL_SCOPES order. */
 function distinctScopeSets(random: () => number, count: number): Scope[][] {

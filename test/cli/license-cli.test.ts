@@ -4,40 +4,14 @@
  * .pub (as a PEM file or as base64 of the raw key) and no other. Bad flags exit 2.
  */
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { createPrivateKey, createPublicKey } from 'node:crypto';
 import { existsSync, mkdtempSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { AgentProcess, MAIN_JS } from '../helpers/agent-process.js';
+import { AgentProcess } from '../helpers/agent-process.js';
 import { assertError } from '../helpers/api-assertions.js';
-
-interface CliResult {
-  code: number | null;
-  stdout: string;
-  stderr: string;
-}
-
-function runCli(args: string[], timeoutMs = 15_000): Promise<CliResult> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [MAIN_JS, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (c: Buffer) => {
-      stdout += c.toString();
-    });
-    child.stderr.on('data', (c: Buffer) => {
-      stderr += c.toString();
-    });
-    const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
-    child.on('error', reject);
-    child.on('close', (code) => {
-      clearTimeout(timer);
-      resolve({ code, stdout, stderr });
-    });
-  });
-}
+import { runCli } from '../helpers/cli.js';
 
 const LICENSE_FIELDS = [
   'customer_id',

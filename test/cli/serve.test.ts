@@ -5,13 +5,14 @@
  * usage errors (a wildcard --listen without --advertise first) exit 2 with a message.
  */
 import assert from 'node:assert/strict';
-import { execFile, spawn } from 'node:child_process';
+import { execFile } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { AgentProcess, MAIN_JS } from '../helpers/agent-process.js';
+import { AgentProcess } from '../helpers/agent-process.js';
 import { assertError } from '../helpers/api-assertions.js';
+import { runCli } from '../helpers/cli.js';
 import { makeVendor } from '../helpers/licenses.js';
 import { freePort } from '../helpers/ports.js';
 
@@ -24,33 +25,8 @@ function sh(line: string): Promise<{ code: number; stdout: string; stderr: strin
   });
 }
 
-function runServe(
-  args: string[],
-  env: Record<string, string> = {},
-  timeoutMs = 15_000,
-): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [MAIN_JS, 'serve', ...args], {
-      env: { ...process.env, ...env },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (c: Buffer) => {
-      stdout += c.toString();
-    });
-    child.stderr.on('data', (c: Buffer) => {
-      stderr += c.toString();
-    });
-    // A usage error must stop the process at once; one that starts serving is killed and fails.
-    const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
-    child.on('error', reject);
-    child.on('close', (code) => {
-      clearTimeout(timer);
-      resolve({ code, stdout, stderr });
-    });
-  });
-}
+const runServe = (args: string[], env: Record<string, string> = {}, timeoutMs = 15_000) =>
+  runCli(['serve', ...args], env, timeoutMs);
 
 const DEV_FILES = [
   'dev-license-signing.key',
