@@ -105,21 +105,30 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   app.addContentTypeParser('application/x-www-form-urlencoded', { parseAs: 'string' }, (_req, body, done) =>
     done(null, body),
   );
-  app.addHook('onSend', async (request, reply) => {
+  app.addHook('onRequest', (request, reply, done) => {
     reply.header('x-request-id', request.id);
+    done();
   });
-  app.addHook('onResponse', async (request, reply) => {
+  app.addHook('onResponse', (request, reply, done) => {
     const status = reply.statusCode;
     const ms = Math.round(reply.elapsedTime * 10) / 10;
     // Successes are debug: at info, a line per request cost a management read about a third of
     // its time (bench/api/ladder.ts). Refusals, faults and slow answers stay visible at info.
     const level = status >= 500 ? 'error' : ms >= SLOW_REQUEST_MS ? 'warn' : status >= 400 ? 'info' : 'debug';
-    if (!(request.log as Logger).isLevelEnabled(level)) return;
-    const path = request.url.split('?')[0];
-    request.log[level](
-      { method: request.method, path, route: request.routeOptions.url, status, ms, remote: request.ip },
-      'request',
-    );
+    if ((request.log as Logger).isLevelEnabled(level)) {
+      request.log[level](
+        {
+          method: request.method,
+          path: request.url.split('?')[0],
+          route: request.routeOptions.url,
+          status,
+          ms,
+          remote: request.ip,
+        },
+        'request',
+      );
+    }
+    done();
   });
 
   await app.register(swagger, {

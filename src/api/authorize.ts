@@ -5,12 +5,12 @@
  * agent parse large bodies.
  */
 import type { FastifyReply, FastifyRequest } from 'fastify';
-import type { AccessTokens } from '../auth/access-tokens.js';
+import type { AccessTokens, VerifiedToken } from '../auth/access-tokens.js';
 import type { Caller } from '../auth/credentials.js';
 import { ApiError, forbidden } from '../domain/errors.js';
 import { grants, scope } from '../domain/scopes.js';
 import type { Store } from '../store/store.js';
-import { ROUTE_SCOPES, routeKey } from './route-scopes.js';
+import { ROUTE_SCOPES, type RouteGuard, routeKey } from './route-scopes.js';
 
 declare module 'fastify' {
   interface FastifyRequest {
@@ -29,26 +29,75 @@ const unauthorized = (message: string, invalidToken: boolean) =>
       : 'Bearer realm="mesh-agent"',
   });
 
+/** The guards that need a token. */
+type Guarded = Exclude<RouteGuard, 'public' | 'peer-signed'>;
+
 export function makeAuthorizeHook(tokens: AccessTokens, store: Store) {
-  return async function authorize(request: FastifyRequest, _reply: FastifyReply): Promise<void> {
-    const guard = ROUTE_SCOPES[routeKey(request.method, request.routeOptions.url ?? '')];
-    // Unknown routes (404/405 answers), public ones and signed agent-to-agent ones need no token.
-    if (guard === undefined || guard === 'public' || guard === 'peer-signed') return;
-    const header = request.headers.authorization;
-    // The scheme name is case-insensitive (RFC 9110 §11.1); RFC 6750 allows one or more spaces.
-    const match = header === undefined ? null : /^Bearer +([A-Za-z0-9._~+/-]+=*) *$/i.exec(header);
-    if (!match) throw unauthorized('a bearer access token is required', false);
-    const verified = await tokens.verify(match[1]!);
-    if (!verified) throw unauthorized('the access token is invalid or expired', true);
+  /** Everything after the token's verification: revocation, then scope. */
+  const admit = (request: FastifyRequest, guard: Guarded, verified: VerifiedToken) => {
     // Checked on every request, after the verification cache: revocation takes effect at once.
-    if (!store.credential(verified.clientId))
+    if (!store.credential(verified.clientId)) {
       throw unauthorized('the access token belongs to a revoked credential', true);
+    }
     const allowed =
       guard === 'any-read'
         ? verified.scopes.some((s) => s.endsWith('.read') || grants([s], scope('admin')))
         : grants(verified.scopes, scope(guard));
-    if (!allowed)
+    if (!allowed) {
       throw forbidden(`this operation needs the scope ${guard === 'any-read' ? 'any *.read' : scope(guard)}`);
+    }
     request.caller = { clientId: verified.clientId, scopes: verified.scopes };
   };
+
+  /** Checks a request as far as it can without waiting: an error, nothing (admitted), or a token for jose. */
+  const check = (request: FastifyRequest): { error?: Error; pending?: { guard: Guarded; token: string } } => {
+    const guard = ROUTE_SCOPES[routeKey(request.method, request.routeOptions.url ?? '')];
+    // Unknown routes (404/405 answers), public ones and signed agent-to-agent ones need no token.
+    if (guard === undefined || guard === 'public' || guard === 'peer-signed') return {};
+    const header = request.headers.authorization;
+    // The scheme name is case-insensitive (RFC 9110 §11.1); RFC 6750 allows one or more spaces.
+    const match = header === undefined ? null : /^Bearer +([A-Za-z0-9._~+/-]+=*) *$/i.exec(header);
+    if (!match) return { error: unauthorized('a bearer access token is required', false) };
+    const token = match[1]!;
+    const known = tokens.cached(token);
+    if (known === 'unknown') return { pending: { guard, token } };
+    if (known === 'expired') return { error: invalidToken() };
+    try {
+      admit(request, guard, known);
+      return {};
+    } catch (err) {
+      return { error: err as Error };
+    }
+  };
+
+  // A callback hook, not an async one: a token seen before is answered from the verification
+  // cache without a promise; only a new token waits for jose.
+  return function authorize(
+    request: FastifyRequest,
+    _reply: FastifyReply,
+    done: (err?: Error) => void,
+  ): void {
+    const { error, pending } = check(request);
+    if (!pending) {
+      done(error);
+      return;
+    }
+    tokens.verify(pending.token).then(
+      (verified) => {
+        if (!verified) {
+          done(invalidToken());
+          return;
+        }
+        try {
+          admit(request, pending.guard, verified);
+          done();
+        } catch (err) {
+          done(err as Error);
+        }
+      },
+      (err: Error) => done(err),
+    );
+  };
 }
+
+const invalidToken = () => unauthorized('the access token is invalid or expired', true);

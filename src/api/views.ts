@@ -17,38 +17,39 @@ export function peerView(p: PeerRecord, localPeerId: string | undefined) {
   };
 }
 
-/** Fields shared by the list and single forms of a service. */
-function serviceCommon(s: ServiceRecord, isActive: boolean) {
+/**
+ * The list form. Written out field by field rather than spread from a shared helper: a list of
+ * a hundred services is built on every GET, and object spread was a visible cost there.
+ */
+export const serviceListView = (s: ServiceRecord, routeCount: number, isActive: boolean) => ({
+  id: s.id,
+  source_peer_id: s.sourcePeerId,
+  target_peer_id: s.targetPeerId,
+  transport_type: s.transportType,
+  requires_interface: s.requiresInterface,
+  interface_ipv4_cidr: s.requiresInterface ? s.desiredIpv4Cidr : null,
+  interface_ipv6_cidr: s.requiresInterface ? s.desiredIpv6Cidr : null,
+  fully_transparent: s.fullyTransparent,
+  bandwidth_limit_mbps: s.bandwidthLimitMbps,
+  route_count: routeCount,
+  created_at: s.createdAt,
+  is_active: isActive,
+  version: s.version,
+});
+
+/** The single form: the list form with `routes` in place of `route_count`. */
+export function serviceSingleView(s: ServiceRecord, routes: readonly RouteRecord[], isActive: boolean) {
+  const { route_count: _replaced, ...common } = serviceListView(s, routes.length, isActive);
   return {
-    id: s.id,
-    source_peer_id: s.sourcePeerId,
-    target_peer_id: s.targetPeerId,
-    transport_type: s.transportType,
-    requires_interface: s.requiresInterface,
-    interface_ipv4_cidr: s.requiresInterface ? s.desiredIpv4Cidr : null,
-    interface_ipv6_cidr: s.requiresInterface ? s.desiredIpv6Cidr : null,
-    fully_transparent: s.fullyTransparent,
-    bandwidth_limit_mbps: s.bandwidthLimitMbps,
-    created_at: s.createdAt,
-    is_active: isActive,
-    version: s.version,
+    ...common,
+    routes: routes.map((r) => ({
+      id: r.id,
+      priority: r.priority,
+      source_cidr: r.sourceCidr,
+      dest_cidr: r.destCidr,
+    })),
   };
 }
-
-export const serviceListView = (s: ServiceRecord, routeCount: number, isActive: boolean) => ({
-  ...serviceCommon(s, isActive),
-  route_count: routeCount,
-});
-
-export const serviceSingleView = (s: ServiceRecord, routes: readonly RouteRecord[], isActive: boolean) => ({
-  ...serviceCommon(s, isActive),
-  routes: routes.map((r) => ({
-    id: r.id,
-    priority: r.priority,
-    source_cidr: r.sourceCidr,
-    dest_cidr: r.destCidr,
-  })),
-});
 
 export const serviceCreatedView = (s: ServiceRecord) => ({
   id: s.id,

@@ -93,14 +93,23 @@ export class AccessTokens {
   }
 
   /** Returns the token's subject and scopes, or undefined for any token we did not issue or that expired. */
-  async verify(token: string): Promise<VerifiedToken | undefined> {
-    const now = this.clock.now();
+  /**
+   * The answer for a token verified before, without waiting: the token's claims while it is
+   * unexpired, `expired` once it is not, or `unknown` when it must go through verify().
+   */
+  cached(token: string): VerifiedToken | 'expired' | 'unknown' {
     const cached = this.cache.get(token);
-    if (cached) {
-      if (cached.expiresAtMs > now) return cached;
-      this.cache.delete(token);
-      return undefined;
-    }
+    if (!cached) return 'unknown';
+    if (cached.expiresAtMs > this.clock.now()) return cached;
+    this.cache.delete(token);
+    return 'expired';
+  }
+
+  async verify(token: string): Promise<VerifiedToken | undefined> {
+    const known = this.cached(token);
+    if (known === 'expired') return undefined;
+    if (known !== 'unknown') return known;
+    const now = this.clock.now();
     let verified: VerifiedToken;
     try {
       const { payload, protectedHeader } = await jwtVerify(token, this.keyFor, {

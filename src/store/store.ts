@@ -165,6 +165,7 @@ export class Store {
   readonly db: Db;
   private readonly stmts;
   private snapshot: Snapshot | undefined;
+  private writes = 0;
 
   constructor(file: string) {
     this.db = openDatabase(file);
@@ -248,6 +249,7 @@ export class Store {
     } finally {
       // Committed or rolled back, a snapshot taken meanwhile may not be what is stored.
       this.snapshot = undefined;
+      this.writes++;
     }
   }
 
@@ -293,7 +295,16 @@ export class Store {
       return fn();
     } finally {
       this.snapshot = undefined;
+      this.writes++;
     }
+  }
+
+  /**
+   * Changes whenever anything may have been written: what is derived from reads (a rendered
+   * list, say) stays valid while this stays the same.
+   */
+  get generation(): number {
+    return this.writes;
   }
 
   // --- agent state -------------------------------------------------------------------------

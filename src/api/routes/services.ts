@@ -48,8 +48,15 @@ const cidrCodes: ValidationCodes = {
   validationCodes: { source_cidr: 'INVALID_CIDR', dest_cidr: 'INVALID_CIDR' },
 };
 
+/** Filter combinations whose rendered list is kept; more are rendered on each request. */
+const MAX_RENDERED_LISTS = 64;
+
 export function registerServiceRoutes(app: FastifyInstance, deps: AppDeps): void {
   const { services, store } = deps;
+  // The list is rendered (with the route's own response schema) once per store generation and
+  // filter: a hundred services make a 40 KB body that changes only when something is written.
+  const renderedLists = new Map<string, string>();
+  let renderedGeneration = -1;
   const isActive = (s: ServiceRecord, active: Set<string>) =>
     active.has(s.sourcePeerId) && active.has(s.targetPeerId);
 
@@ -68,20 +75,32 @@ export function registerServiceRoutes(app: FastifyInstance, deps: AppDeps): void
         response: { 200: Type.Array(ServiceListItem), ...errorResponses(400, 401, 403) },
       },
     },
-    async (request) => {
+    async (request, reply) => {
       const q = request.query as {
         source_peer_id?: string;
         target_peer_id?: string;
         requires_interface?: boolean;
       };
-      const active = new Set(store.activePeerIds());
-      return services
-        .list({
-          sourcePeerId: q.source_peer_id,
-          targetPeerId: q.target_peer_id,
-          requiresInterface: q.requires_interface,
-        })
-        .map(({ service, routeCount }) => serviceListView(service, routeCount, isActive(service, active)));
+      if (renderedGeneration !== store.generation) {
+        renderedLists.clear();
+        renderedGeneration = store.generation;
+      }
+      const key = `${q.source_peer_id ?? ''} ${q.target_peer_id ?? ''} ${q.requires_interface ?? ''}`;
+      let body = renderedLists.get(key);
+      if (body === undefined) {
+        const active = new Set(store.activePeerIds());
+        const list = services
+          .list({
+            sourcePeerId: q.source_peer_id,
+            targetPeerId: q.target_peer_id,
+            requiresInterface: q.requires_interface,
+          })
+          .map(({ service, routeCount }) => serviceListView(service, routeCount, isActive(service, active)));
+        // The typings take only objects; the serializer of the 200 schema takes the array as it is.
+        body = reply.serializeInput(list as unknown as Record<string, unknown>, '200') as string;
+        if (renderedLists.size < MAX_RENDERED_LISTS) renderedLists.set(key, body);
+      }
+      return reply.type('application/json; charset=utf-8').send(body);
     },
   );
 
