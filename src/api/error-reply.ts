@@ -89,7 +89,10 @@ export function replyToClientError(
   err: Error & { code?: string },
   socket: import('node:stream').Duplex,
 ): void {
-  if (err.code === 'ECONNRESET' || !socket.writable) {
+  // A response already under way on this socket (the headers were complete, the body was not)
+  // must not get a second one after it: close, as Node's own handler does.
+  const inFlight = (socket as { _httpMessage?: { headersSent?: boolean } })._httpMessage;
+  if (err.code === 'ECONNRESET' || !socket.writable || inFlight?.headersSent) {
     socket.destroy();
     return;
   }

@@ -1511,12 +1511,20 @@ describe('fuzzed POST bodies after bootstrap', () => {
         `${ep.method} ${urlFor(ep, ctx)} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n`,
         `${ep.method} ${urlFor(ep, ctx)} HTTP/1.1\r\nHost: x\r\nAuthorization: Basic ${'A'.repeat(HUGE)}\r\n\r\n`,
       ];
-      for (const text of requests) {
+      for (const [i, text] of requests.entries()) {
         const answer = await rawHttp(agent.port, text);
         const where = `${clip(text)}\n→ ${clip(answer)}`;
+        assert.equal(answer.match(/^HTTP\/1\.1 /gm)?.length, 1, `exactly one response: ${where}`);
         const status = Number(/^HTTP\/1\.1 (\d{3})/.exec(answer)?.[1]);
-        assert.ok(status === 400 || status === 431, where);
         const body = JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4));
+        assert.ok(typeof body.error === 'string' && typeof body.code === 'string', where);
+        // A broken chunked body comes after complete headers: the route may answer first (401
+        // before the body is read, 400 for the media type), and then nothing more is sent.
+        if (i === 2) {
+          assert.ok(status >= 400 && status < 500, where);
+          continue;
+        }
+        assert.ok(status === 400 || status === 431, where);
         assert.deepEqual(Object.keys(body).sort(), ['code', 'error'], where);
         assert.equal(body.code, status === 400 ? 'INVALID_REQUEST' : 'HEADERS_TOO_LARGE', where);
       }
