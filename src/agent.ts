@@ -24,7 +24,7 @@ import { Peers } from './cluster/peers.js';
 import { ServiceConfig } from './cluster/service-config.js';
 import { type Clock, systemClock } from './domain/clock.js';
 import { generateLicenseKeyPair } from './license/sign.js';
-import { loadOrCreateSecretFile } from './store/key-files.js';
+import { loadOrCreateSecretFile, removeStaleTempFiles } from './store/key-files.js';
 import { Store } from './store/store.js';
 
 export interface AgentConfig {
@@ -83,6 +83,8 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
   const logger = createLogger(config.logLevel, config.logDestination);
   const dataDir = resolve(config.dataDir);
   mkdirSync(dataDir, { recursive: true, mode: 0o700 });
+  const stale = removeStaleTempFiles(dataDir);
+  if (stale > 0) logger.warn({ removed: stale }, 'removed temp files left by an interrupted key write');
 
   const identity = new Identity(
     loadOrCreateSecretFile(join(dataDir, IDENTITY_KEY_FILE), Identity.generatePem),

@@ -1,10 +1,10 @@
 import assert from 'node:assert/strict';
-import { mkdtempSync, statSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, it } from 'node:test';
 import { openDatabase, schemaVersion } from './database.js';
-import { loadOrCreateSecretFile } from './key-files.js';
+import { loadOrCreateSecretFile, removeStaleTempFiles, writeFileAtomic } from './key-files.js';
 import { MIGRATIONS } from './migrations.js';
 
 describe('database', () => {
@@ -39,5 +39,15 @@ describe('key files', () => {
     assert.equal(a, 'secret-1');
     assert.equal(b, 'secret-1');
     assert.equal(statSync(file).mode & 0o777, 0o600);
+  });
+
+  it('removes only its own temp files left by an interrupted write', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'key-'));
+    writeFileAtomic(join(dir, 'kept.key'), 'k');
+    writeFileSync(join(dir, '.mesh-agent-0123456789ab.tmp'), 'half a key');
+    writeFileSync(join(dir, '.someone-else.tmp'), 'not ours');
+    assert.equal(removeStaleTempFiles(dir), 1);
+    assert.deepEqual(readdirSync(dir).sort(), ['.someone-else.tmp', 'kept.key']);
+    assert.ok(existsSync(join(dir, 'kept.key')));
   });
 });

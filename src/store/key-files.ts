@@ -4,11 +4,33 @@
  */
 
 import { randomBytes } from 'node:crypto';
-import { closeSync, fsyncSync, openSync, readFileSync, renameSync, statSync, writeSync } from 'node:fs';
+import {
+  closeSync,
+  fsyncSync,
+  openSync,
+  readdirSync,
+  readFileSync,
+  renameSync,
+  rmSync,
+  statSync,
+  writeSync,
+} from 'node:fs';
 import { dirname, join } from 'node:path';
 
+const TEMP_PREFIX = '.mesh-agent-';
+
+/**
+ * Removes temp files that a crash between write and rename left in `dir`. Only names this module
+ * makes are touched. Returns how many were removed.
+ */
+export function removeStaleTempFiles(dir: string): number {
+  const stale = readdirSync(dir).filter((n) => n.startsWith(TEMP_PREFIX) && n.endsWith('.tmp'));
+  for (const name of stale) rmSync(join(dir, name), { force: true });
+  return stale.length;
+}
+
 export function writeFileAtomic(path: string, data: string | Buffer, mode = 0o600): void {
-  const tmp = join(dirname(path), `.${randomBytes(6).toString('hex')}.tmp`);
+  const tmp = join(dirname(path), `${TEMP_PREFIX}${randomBytes(6).toString('hex')}.tmp`);
   const fd = openSync(tmp, 'wx', mode);
   try {
     writeSync(fd, typeof data === 'string' ? Buffer.from(data) : data);
