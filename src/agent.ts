@@ -12,6 +12,7 @@ import { join, resolve } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import pino, { type Logger } from 'pino';
 import { buildApp, type HealthReport } from './api/app.js';
+import { ApiMetrics } from './api/metrics.js';
 import { AccessTokens } from './auth/access-tokens.js';
 import { Credentials } from './auth/credentials.js';
 import { FailureThrottle } from './auth/failure-throttle.js';
@@ -40,6 +41,8 @@ export interface AgentConfig {
   logLevel: string;
   /** Where log lines go; stdout when absent. */
   logDestination?: NodeJS.WritableStream | undefined;
+  /** Serve /metrics without a token. */
+  metricsPublic?: boolean;
   clock?: Clock;
 }
 
@@ -136,6 +139,8 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       version: AGENT_VERSION,
       health,
       logger,
+      metrics: new ApiMetrics(),
+      metricsPublic: config.metricsPublic ?? false,
       https: config.tls,
     });
     await app.listen({ host: config.listenHost, port: config.listenPort });

@@ -4,6 +4,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import swagger from '@fastify/swagger';
+import swaggerUi from '@fastify/swagger-ui';
 import { Ajv } from 'ajv';
 import addFormats from 'ajv-formats';
 import Fastify, { type FastifyInstance, type FastifyServerOptions, LogController } from 'fastify';
@@ -22,13 +23,15 @@ import { ALL_SCOPES } from '../domain/scopes.js';
 import type { Store } from '../store/store.js';
 import { makeAuthorizeHook } from './authorize.js';
 import { replyToClientError, replyWithError } from './error-reply.js';
-import { ROUTE_SCOPES, routeKey } from './route-scopes.js';
+import type { ApiMetrics } from './metrics.js';
+import { guardFor } from './route-scopes.js';
 import { registerBootstrapRoutes } from './routes/bootstrap.js';
 import { registerClusterRoutes } from './routes/cluster.js';
 import { registerCredentialRoutes } from './routes/credentials.js';
 import { registerHandshakeRoutes } from './routes/handshake.js';
 import { registerHealthRoutes } from './routes/health.js';
 import { registerOAuthRoutes } from './routes/oauth.js';
+import { registerOperatorRoutes } from './routes/operator.js';
 import { registerPeerRoutes } from './routes/peers.js';
 import { registerServiceRoutes } from './routes/services.js';
 
@@ -56,6 +59,9 @@ export interface AppDeps {
   version: string;
   health: () => HealthReport;
   logger: Logger;
+  metrics: ApiMetrics;
+  /** `--metrics-public`: /metrics without a token. */
+  metricsPublic: boolean;
   https?: { cert: Buffer; key: Buffer } | undefined;
 }
 
@@ -111,6 +117,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   });
   app.addHook('onResponse', (request, reply, done) => {
     const status = reply.statusCode;
+    deps.metrics.observe(request.method, request.routeOptions.url, status, reply.elapsedTime / 1000);
     const ms = Math.round(reply.elapsedTime * 10) / 10;
     // Successes are debug: at info, a line per request cost a management read about a third of
     // its time (bench/api/ladder.ts). Refusals, faults and slow answers stay visible at info.
@@ -166,7 +173,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
     if ((route.config as { methodNotAllowed?: boolean } | undefined)?.methodNotAllowed) return;
     for (const method of [route.method].flat()) {
       if (method === 'HEAD') continue;
-      if (!(routeKey(method, route.url) in ROUTE_SCOPES)) {
+      if (guardFor(method, route.url) === undefined) {
         throw new Error(`route ${method} ${route.url} has no entry in ROUTE_SCOPES`);
       }
       const set = methodsByUrl.get(route.url) ?? new Set<string>();
@@ -174,7 +181,10 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
       methodsByUrl.set(route.url, set);
     }
   });
-  app.addHook('onRequest', makeAuthorizeHook(deps.tokens, deps.store));
+  app.addHook(
+    'onRequest',
+    makeAuthorizeHook(deps.tokens, deps.store, deps.metricsPublic ? { 'GET /metrics': 'public' } : {}),
+  );
 
   registerHealthRoutes(app, deps);
   registerBootstrapRoutes(app, deps);
@@ -184,6 +194,9 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   registerPeerRoutes(app, deps);
   registerServiceRoutes(app, deps);
   registerHandshakeRoutes(app, deps);
+  registerOperatorRoutes(app, deps);
+  // The rendered API reference; Swagger UI's assets come from the npm package, not a CDN.
+  await app.register(swaggerUi, { routePrefix: '/docs' });
   app.get(
     '/openapi.json',
     { schema: { tags: ['docs'], summary: 'This OpenAPI 3.1 document (public)' } },

@@ -10,7 +10,7 @@ import type { Caller } from '../auth/credentials.js';
 import { ApiError, forbidden } from '../domain/errors.js';
 import { grants, scope } from '../domain/scopes.js';
 import type { Store } from '../store/store.js';
-import { ROUTE_SCOPES, type RouteGuard, routeKey } from './route-scopes.js';
+import { guardFor, type RouteGuard } from './route-scopes.js';
 
 declare module 'fastify' {
   interface FastifyRequest {
@@ -32,7 +32,11 @@ const unauthorized = (message: string, invalidToken: boolean) =>
 /** The guards that need a token. */
 type Guarded = Exclude<RouteGuard, 'public' | 'peer-signed'>;
 
-export function makeAuthorizeHook(tokens: AccessTokens, store: Store) {
+export function makeAuthorizeHook(
+  tokens: AccessTokens,
+  store: Store,
+  overrides: Readonly<Record<string, RouteGuard>> = {},
+) {
   /** Everything after the token's verification: revocation, then scope. */
   const admit = (request: FastifyRequest, guard: Guarded, verified: VerifiedToken) => {
     // Checked on every request, after the verification cache: revocation takes effect at once.
@@ -51,7 +55,7 @@ export function makeAuthorizeHook(tokens: AccessTokens, store: Store) {
 
   /** Checks a request as far as it can without waiting: an error, nothing (admitted), or a token for jose. */
   const check = (request: FastifyRequest): { error?: Error; pending?: { guard: Guarded; token: string } } => {
-    const guard = ROUTE_SCOPES[routeKey(request.method, request.routeOptions.url ?? '')];
+    const guard = guardFor(request.method, request.routeOptions.url ?? '', overrides);
     // Unknown routes (404/405 answers), public ones and signed agent-to-agent ones need no token.
     if (guard === undefined || guard === 'public' || guard === 'peer-signed') return {};
     const header = request.headers.authorization;

@@ -15,6 +15,8 @@ export const ROUTE_SCOPES: Readonly<Record<string, RouteGuard>> = {
   'GET /livez': 'public',
   'GET /readyz': 'public',
   'GET /openapi.json': 'public',
+  'GET /metrics': 'any-read',
+  'GET /v1/cluster/license': 'admin',
   'POST /v1/bootstrap': 'public',
   'POST /v1/oauth/token': 'public',
   'GET /.well-known/openid-configuration': 'public',
@@ -53,3 +55,19 @@ export const ROUTE_SCOPES: Readonly<Record<string, RouteGuard>> = {
 
 export const routeKey = (method: string, url: string): string =>
   `${method === 'HEAD' ? 'GET' : method} ${url}`;
+
+/**
+ * The guard of a route: its ROUTE_SCOPES entry, or public for the rendered API reference under
+ * /docs, whose asset routes @fastify/swagger-ui registers (DECISIONS §7). `overrides` come from
+ * the command line (`--metrics-public`).
+ */
+export function guardFor(
+  method: string,
+  url: string,
+  overrides: Readonly<Record<string, RouteGuard>> = {},
+): RouteGuard | undefined {
+  const key = routeKey(method, url);
+  if (key in overrides) return overrides[key];
+  if (key in ROUTE_SCOPES) return ROUTE_SCOPES[key];
+  return url === '/docs' || url.startsWith('/docs/') ? 'public' : undefined;
+}

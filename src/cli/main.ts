@@ -53,6 +53,7 @@ async function serve(argv: string[]): Promise<void> {
         ? { cert: readFileSync(opts.tlsCert), key: readFileSync(opts.tlsKey) }
         : undefined,
     logLevel: opts.logLevel,
+    metricsPublic: opts.metricsPublic,
   });
   if (banner) process.stderr.write(`${banner}\n`);
 

@@ -44,11 +44,18 @@ export function registerOAuthRoutes(app: FastifyInstance, deps: AppDeps): void {
           'the token request must be application/x-www-form-urlencoded',
         );
       }
-      const issued = await deps.tokenEndpoint.grant({
-        form: parseTokenForm(request.body),
-        authorization: request.headers.authorization,
-        remoteAddress: request.ip,
-      });
+      let issued: Awaited<ReturnType<typeof deps.tokenEndpoint.grant>>;
+      try {
+        issued = await deps.tokenEndpoint.grant({
+          form: parseTokenForm(request.body),
+          authorization: request.headers.authorization,
+          remoteAddress: request.ip,
+        });
+      } catch (err) {
+        if (err instanceof OAuthError) deps.metrics.tokenFailures.inc({ error: err.oauthCode });
+        throw err;
+      }
+      deps.metrics.tokensIssued.inc();
       reply.headers({ 'cache-control': 'no-store', pragma: 'no-cache' });
       return {
         access_token: issued.accessToken,
