@@ -36,10 +36,26 @@ export class ApiMetrics {
     collectDefaultMetrics({ register: this.registry, prefix: 'mesh_' });
   }
 
+  /**
+   * Series already bound to their labels. prom-client hashes the label set on every inc() and
+   * observe(), which cost 8 to 18 µs per request (bench/api); the bound children are direct.
+   * The key space is bounded: methods x route patterns x statuses.
+   */
+  private readonly bound = new Map<string, { count: Counter.Internal; time: { observe(v: number): void } }>();
+
   /** Counts one answered request. `route` is the pattern (bounded), never the raw path. */
   observe(method: string, route: string | undefined, status: number, seconds: number): void {
     const pattern = route ?? 'unmatched';
-    this.requests.inc({ method, route: pattern, status: String(status) });
-    this.requestSeconds.observe({ method, route: pattern }, seconds);
+    const key = `${method} ${pattern} ${status}`;
+    let series = this.bound.get(key);
+    if (!series) {
+      series = {
+        count: this.requests.labels(method, pattern, String(status)),
+        time: this.requestSeconds.labels(method, pattern),
+      };
+      this.bound.set(key, series);
+    }
+    series.count.inc();
+    series.time.observe(seconds);
   }
 }
