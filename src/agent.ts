@@ -123,7 +123,13 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       credentials: new Credentials(store, hasher, clock),
       clusterCredential: new ClusterCredential(store, clock),
       services: new ServiceConfig(store, clock),
-      peers: new Peers(store, identity, new HttpPeerCaller(config.tls ? 'https' : 'http'), clock),
+      peers: new Peers(
+        store,
+        identity,
+        new HttpPeerCaller(config.tls ? 'https' : 'http'),
+        clock,
+        config.licenseKeys,
+      ),
       // Gossip and the data plane arrive in later issues; until then there is nothing to run.
       sync: () => logger.debug('sync: no subsystems to run yet'),
       bootstrap: {

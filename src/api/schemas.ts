@@ -206,7 +206,11 @@ export const ServiceUpdateBody = Type.Object({
   desired_ipv6_cidr: CidrField('IPv6 address/prefix of the interface; null clears it'),
   bandwidth_limit_mbps: Type.Optional(Type.Integer({ minimum: 0, maximum: 1_000_000 })),
   transport_type: Type.Optional(
-    Type.String({ description: 'fixed at creation: only its current value is accepted' }),
+    Type.Unsafe<string>({
+      type: 'string',
+      enum: ['tcp', 'kcp'],
+      description: 'fixed at creation: only its current value is accepted',
+    }),
   ),
   fully_transparent: Type.Optional(
     Type.Boolean({ description: 'fixed at creation: only its current value is accepted' }),
@@ -319,6 +323,7 @@ export const HandshakePeerInfoSchema = Type.Object({
   address: Type.String({ minLength: 1, maxLength: 300 }),
   created_at: Type.String({ format: 'date-time' }),
   license_id: Type.String({ maxLength: 256 }),
+  license: LicenseObject,
   cluster_id: Type.String({ maxLength: 256 }),
   cluster_created_by: Type.String({ maxLength: 256 }),
   oldest_peer_id: Type.String({ maxLength: 256 }),

@@ -4,6 +4,7 @@
  * 429 with Retry-After. Keyed by address, so an attacker elsewhere cannot lock the real client
  * out. Memory is bounded: windows are pruned as they age and the table has a hard cap.
  */
+import { createHash } from 'node:crypto';
 import type { Clock } from '../domain/clock.js';
 
 export interface ThrottleVerdict {
@@ -50,7 +51,10 @@ export class FailureThrottle {
   }
 
   private keys(address: string, clientId: string | undefined): string[] {
-    return clientId === undefined ? [`a|${address}`] : [`a|${address}`, `c|${clientId}|${address}`];
+    if (clientId === undefined) return [`a|${address}`];
+    // Hashed: a client_id is caller-chosen text of any length, and the table keeps many keys.
+    const client = createHash('sha256').update(clientId).digest('base64url').slice(0, 22);
+    return [`a|${address}`, `c|${client}|${address}`];
   }
 
   private recent(key: string, now: number): number[] {

@@ -19,6 +19,7 @@
 import { createHash, randomBytes } from 'node:crypto';
 import canonicalize from 'canonicalize';
 import { peerIdFromPublicKey } from '../domain/ids.js';
+import type { License } from '../domain/license.js';
 import { verifyPeerSignature } from './identity.js';
 
 export const HANDSHAKE_VERSION = 1;
@@ -34,6 +35,12 @@ export interface HandshakePeerInfo {
   /** When this peer was created (its bootstrap): kept as is by the other side. */
   created_at: string;
   license_id: string;
+  /**
+   * The signed license the agent was bootstrapped with. The license_id alone is public (the
+   * identity endpoint shows it); holding a license signed by a trusted vendor key is what
+   * entitles an agent to join (checked with verifyLicense on both sides).
+   */
+  license: License;
   cluster_id: string;
   cluster_created_by: string;
   /** The oldest active peer of its cluster, which decides whose cluster id survives a merge. */

@@ -4,10 +4,12 @@
  * cluster arrives with the cluster issue; until then each change is local to the two agents of
  * a handshake, or to this agent.
  */
+import type { KeyObject } from 'node:crypto';
 import { type Clock, isoTime } from '../domain/clock.js';
 import { ApiError, type ErrorCode, invalidRequest, notFound } from '../domain/errors.js';
 import { newClusterId } from '../domain/ids.js';
 import { parsePeerAddress } from '../domain/peer-address.js';
+import { verifyLicense } from '../license/verify.js';
 import type { AgentState, PeerRecord } from '../store/records.js';
 import type { Store } from '../store/store.js';
 import {
@@ -68,6 +70,7 @@ export class Peers {
     private readonly identity: Identity,
     private readonly caller: PeerCaller,
     private readonly clock: Clock,
+    private readonly trustedLicenseKeys: readonly KeyObject[],
   ) {}
 
   // --- initiator ---------------------------------------------------------------------------
@@ -84,6 +87,7 @@ export class Peers {
 
   private async handshake(address: string): Promise<PeerRecord> {
     const state = this.requireState();
+    this.requireActive(state);
     const self = this.store.peer(state.localPeerId);
     if (self?.address === address || this.store.peers().some((p) => p.address === address)) {
       throw new ApiError('ALREADY_EXISTS', `a peer with address ${address} is already in the cluster`);
@@ -130,9 +134,7 @@ export class Peers {
       );
     if (!proven)
       throw handshakeFailed(`${address} did not prove possession of the private key of ${remote.peer_id}`);
-    if (responder.license_id !== state.license.license_id) {
-      throw new ApiError('LICENSE_MISMATCH', `the agent at ${address} runs under another license`);
-    }
+    this.checkLicense(state, responder, `the agent at ${address}`);
     this.checkNodeLimit(state, responder.active_peer_ids);
 
     const signatureA = this.identity.sign(
@@ -144,9 +146,11 @@ export class Peers {
     } satisfies ConfirmRequest);
 
     return this.store.transaction(() => {
-      if (this.store.peer(responder.peer_id)) {
+      // Checked again at the write: an incoming handshake may have completed while we waited.
+      if (this.store.peer(responder.peer_id) || this.store.peers().some((p) => p.address === address)) {
         throw new ApiError('ALREADY_EXISTS', `peer ${responder.peer_id} is already in the cluster`);
       }
+      this.checkNodeLimit(state, responder.active_peer_ids);
       const record = this.newRemotePeer(responder, address);
       this.store.insertPeer(record);
       this.adoptOlderCluster(me, responder);
@@ -168,7 +172,14 @@ export class Peers {
       const why = err instanceof PeerCallError ? err.message : 'connection failed';
       throw handshakeFailed(`the agent at ${address} did not answer ${method} ${path}: ${why}`);
     }
-    if (res.status === 200) return res.body;
+    if (res.status === 200) {
+      if (typeof res.body !== 'object' || res.body === null || Array.isArray(res.body)) {
+        throw handshakeFailed(
+          `the agent at ${address} answered ${method} ${path} with something other than an object`,
+        );
+      }
+      return res.body;
+    }
     const remote = res.body as { code?: unknown; error?: unknown };
     const code = typeof remote?.code === 'string' ? (remote.code as ErrorCode) : undefined;
     const text = typeof remote?.error === 'string' ? remote.error.slice(0, 200) : `status ${res.status}`;
@@ -183,11 +194,15 @@ export class Peers {
     if (!state) throw new ApiError('LICENSE_MISMATCH', 'this agent is not bootstrapped: it has no license');
     if (req.version !== HANDSHAKE_VERSION)
       throw handshakeFailed(`handshake version ${req.version} is not supported`);
+    this.requireActive(state);
     const initiator = req.initiator;
-    if (initiator.license_id !== state.license.license_id) {
-      throw new ApiError('LICENSE_MISMATCH', 'this agent runs under another license');
-    }
+    this.checkLicense(state, initiator, 'the initiator');
     if (!peerIdMatchesKey(initiator)) throw handshakeFailed('the peer id does not match the public key');
+    if (
+      ![initiator.created_at, initiator.oldest_peer_created_at].every((t) => Number.isFinite(Date.parse(t)))
+    ) {
+      throw handshakeFailed('the initiator sent a timestamp that does not parse');
+    }
     if (!parsePeerAddress(initiator.address)) throw handshakeFailed('the initiator address is not host:port');
     if (initiator.peer_id === state.localPeerId || this.store.peer(initiator.peer_id)) {
       throw new ApiError('ALREADY_EXISTS', `peer ${initiator.peer_id} is already in the cluster`);
@@ -218,6 +233,7 @@ export class Peers {
     if (!pending || pending.expiresAt <= this.clock.now())
       throw handshakeFailed('unknown or expired handshake');
     const state = this.requireState();
+    this.requireActive(state);
     const { initiator, nonceA } = pending;
     const input = initiatorSigningInput(nonceA, req.nonce_b, initiator, state.localPeerId);
     if (!verifySignature(initiator.public_key, input, req.signature_a)) {
@@ -315,6 +331,34 @@ export class Peers {
 
   // --- helpers -----------------------------------------------------------------------------
 
+  /**
+   * The other side must hold a license signed by a key this agent trusts, with our license_id.
+   * The id alone proves nothing: the identity endpoint shows it to anyone.
+   */
+  private checkLicense(state: AgentState, info: HandshakePeerInfo, who: string): void {
+    if (
+      info.license_id !== state.license.license_id ||
+      info.license?.license_id !== state.license.license_id
+    ) {
+      throw new ApiError('LICENSE_MISMATCH', `${who} runs under another license`);
+    }
+    try {
+      verifyLicense(info.license, this.trustedLicenseKeys, this.clock.now());
+    } catch (err) {
+      throw new ApiError(
+        'LICENSE_MISMATCH',
+        `${who} did not present a valid license: ${(err as Error).message}`,
+      );
+    }
+  }
+
+  /** DECISIONS §5: leaving is final, so a departed agent neither joins nor lets others join it. */
+  private requireActive(state: AgentState): void {
+    if (!this.store.peer(state.localPeerId)?.isActive) {
+      throw handshakeFailed('this agent has left the cluster (DELETE /v1/peers/self is final)');
+    }
+  }
+
   private requireState(): AgentState {
     const state = this.store.agentState();
     if (!state) throw notFound('this agent is not bootstrapped');
@@ -330,6 +374,7 @@ export class Peers {
       address: self.address,
       created_at: self.createdAt,
       license_id: state.license.license_id,
+      license: state.license,
       cluster_id: state.clusterId,
       cluster_created_by: state.clusterCreatedBy,
       oldest_peer_id: oldest.id,
@@ -408,6 +453,8 @@ function isPeerInfo(v: unknown): v is HandshakePeerInfo {
       'oldest_peer_created_at',
     ].every((k) => typeof o[k] === 'string') &&
     [o.created_at, o.oldest_peer_created_at].every((t) => Number.isFinite(Date.parse(t as string))) &&
+    typeof o.license === 'object' &&
+    o.license !== null &&
     Array.isArray(o.active_peer_ids) &&
     o.active_peer_ids.length <= 10_000 &&
     o.active_peer_ids.every((x) => typeof x === 'string')

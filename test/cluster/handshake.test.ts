@@ -3,7 +3,7 @@
  * both ways, and every refusal, each leaving both agents unchanged.
  */
 import assert from 'node:assert/strict';
-import { generateKeyPairSync, sign } from 'node:crypto';
+import { createHash, generateKeyPairSync, sign } from 'node:crypto';
 import http from 'node:http';
 import { after, before, describe, it } from 'node:test';
 import { AgentProcess } from '../helpers/agent-process.js';
@@ -249,6 +249,66 @@ describe('peer handshake refusals', () => {
       double.closeAllConnections();
       double.close();
       assert.equal(await real.agent.stop(), 0);
+    }
+  });
+
+  it('refuses a hello that claims the license_id without a license signed by a trusted key: 422, nothing stored', async () => {
+    const identity = (await a.agent.client.get('/v1/cluster/identity')).body;
+    const key = generateKeyPairSync('ed25519');
+    const raw = Buffer.from(key.publicKey.export({ format: 'jwk' }).x as string, 'base64url');
+    const peerId = createHash('sha256').update(raw).digest('hex').slice(0, 32);
+    const initiator = (license: unknown) => ({
+      peer_id: peerId,
+      public_key: raw.toString('base64'),
+      address: '127.0.0.1:1',
+      created_at: new Date().toISOString(),
+      license_id: identity.license_id,
+      license,
+      cluster_id: 'x',
+      cluster_created_by: peerId,
+      oldest_peer_id: peerId,
+      oldest_peer_created_at: '1970-01-01T00:00:00.000Z',
+      active_peer_ids: [],
+    });
+    const otherVendor = makeVendor();
+    const forgedLicenses = [
+      otherVendor.sign({ license_id: identity.license_id }), // same id, untrusted signer
+      { ...vendor.sign({ license_id: identity.license_id }), max_nodes: 1000 }, // altered after signing
+    ];
+    const before = await peerIds(a);
+    for (const license of forgedLicenses) {
+      const res = await a.agent.client.post('/internal/v1/handshake/hello', {
+        json: { version: 1, initiator: initiator(license), nonce_a: 'AAAA' },
+      });
+      assert.equal(res.status, 422, res.text);
+      assert.equal(res.body.code, 'LICENSE_MISMATCH');
+    }
+    assert.deepEqual(await peerIds(a), before);
+    assert.notEqual((await a.agent.client.get('/v1/cluster/identity')).body.cluster_id, 'x');
+  });
+
+  it('lets an agent that has left neither join nor be joined: 422 HANDSHAKE_FAILED', async () => {
+    const gone = await startNode(vendor);
+    const other = await startNode(vendor);
+    try {
+      const left = await gone.agent.client.delete('/v1/peers/self', { token: gone.token });
+      assert.equal(left.status, 200);
+      const out = await gone.agent.client.post('/v1/peers', {
+        token: gone.token,
+        json: { address: addressOf(other) },
+      });
+      assert.equal(out.status, 422, out.text);
+      assert.equal(out.body.code, 'HANDSHAKE_FAILED');
+      const inbound = await other.agent.client.post('/v1/peers', {
+        token: other.token,
+        json: { address: addressOf(gone) },
+      });
+      assert.equal(inbound.status, 422, inbound.text);
+      assert.equal(inbound.body.code, 'HANDSHAKE_FAILED');
+      assert.deepEqual(await peerIds(other), [other.peerId]);
+    } finally {
+      assert.equal(await gone.agent.stop(), 0);
+      assert.equal(await other.agent.stop(), 0);
     }
   });
 
