@@ -16,7 +16,7 @@
  * single-use on the responder and expire after HANDSHAKE_TTL_MS. Neither side changes anything
  * before the other has proven its key.
  */
-import { createHash, randomBytes } from 'node:crypto';
+import { randomBytes } from 'node:crypto';
 import canonicalize from 'canonicalize';
 import { peerIdFromPublicKey } from '../domain/ids.js';
 import type { License } from '../domain/license.js';
@@ -126,7 +126,3 @@ export function survivingCluster(a: HandshakePeerInfo, b: HandshakePeerInfo): Ha
   if (ta !== tb) return ta < tb ? a : b;
   return a.oldest_peer_id <= b.oldest_peer_id ? a : b;
 }
-
-/** A short fingerprint of a nonce for logs: never the nonce itself. */
-export const nonceTag = (nonce: string): string =>
-  createHash('sha256').update(nonce).digest('hex').slice(0, 8);
