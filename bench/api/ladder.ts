@@ -34,12 +34,13 @@ import { SecretHasher } from '../../src/auth/secret-hash.js';
 import { TokenEndpoint } from '../../src/auth/token-endpoint.js';
 import { systemClock } from '../../src/domain/clock.js';
 import { ADMIN, grants, SCOPE_NAMES, type ScopeName, scope } from '../../src/domain/scopes.js';
-import { generateLicenseKeyPair, loadLicenseSigningKey, signLicense } from '../../src/license/sign.js';
+import { generateLicenseKeyPair } from '../../src/license/sign.js';
 import { parseLicensePublicKey } from '../../src/license/verify.js';
 import type { CredentialRecord } from '../../src/store/records.js';
 import { Store } from '../../src/store/store.js';
 import { handBuiltSigner } from './alt-token-signer.js';
 import {
+  benchLicense,
   describe,
   fmt,
   freePort,
@@ -205,18 +206,7 @@ async function serveRealAgent(
     logLevel: 'info',
     logDestination: log as unknown as NodeJS.WritableStream,
   });
-  const now = Date.now();
-  const license = signLicense(
-    {
-      customer_id: 'customer-bench',
-      license_id: 'license-bench',
-      issued_at: new Date(now - 60_000).toISOString(),
-      expires_at: new Date(now + 86_400_000).toISOString(),
-      max_nodes: 16,
-      max_services: 1000,
-    },
-    loadLicenseSigningKey(pair.privatePem),
-  );
+  const license = benchLicense(pair.privatePem);
   const boot = (await (
     await fetch(`${url}/v1/bootstrap`, {
       method: 'POST',

@@ -9,6 +9,8 @@ import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
+import type { License } from '../../src/domain/license.js';
+import { loadLicenseSigningKey, signLicense } from '../../src/license/sign.js';
 
 export const REPO_ROOT = fileURLToPath(new URL('../../../', import.meta.url));
 export const AUTOCANNON = join(REPO_ROOT, 'node_modules/.bin/autocannon');
@@ -230,3 +232,19 @@ export const mb = (kb: number) => kb / 1024;
 
 export const describe = (m: Measurement) =>
   `${fmt(m.reqPerSec)} req/s, p50 ${m.p50} ms, p99 ${m.p99} ms, server CPU ${fmt(m.cpuPct ?? Number.NaN)}% = ${fmt(m.cpuUsPerReq ?? Number.NaN)} µs/req, load ${m.load?.join(' -> ')}${m.invalid ? ` INVALID: ${m.invalid}` : ''}`;
+
+/** The license every benchmark bootstraps with: a day long, the same license_id every time. */
+export function benchLicense(vendorKeyPem: string): License {
+  const now = Date.now();
+  return signLicense(
+    {
+      customer_id: 'customer-bench',
+      license_id: 'license-bench',
+      issued_at: new Date(now - 60_000).toISOString(),
+      expires_at: new Date(now + 86_400_000).toISOString(),
+      max_nodes: 16,
+      max_services: 1000,
+    },
+    loadLicenseSigningKey(vendorKeyPem),
+  );
+}

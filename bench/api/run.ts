@@ -43,9 +43,10 @@ import {
 import { cpus, tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { generateLicenseKeyPair, loadLicenseSigningKey, signLicense } from '../../src/license/sign.js';
+import { generateLicenseKeyPair } from '../../src/license/sign.js';
 import {
   AUTOCANNON,
+  benchLicense,
   describe,
   fmt,
   freePort,
@@ -302,18 +303,7 @@ async function jsonCall(url: string, init: RequestInit): Promise<unknown> {
 
 /** Bootstraps an agent with a license of our own vendor key (the same license_id every time). */
 async function bootstrapAgent(baseUrl: string, vendorKeyPem: string, name: string) {
-  const now = Date.now();
-  const license = signLicense(
-    {
-      customer_id: 'customer-bench',
-      license_id: 'license-bench',
-      issued_at: new Date(now - 60_000).toISOString(),
-      expires_at: new Date(now + 86_400_000).toISOString(),
-      max_nodes: 16,
-      max_services: 1000,
-    },
-    loadLicenseSigningKey(vendorKeyPem),
-  );
+  const license = benchLicense(vendorKeyPem);
   return (await jsonCall(`${baseUrl}/v1/bootstrap`, {
     method: 'POST',
     headers: { 'content-type': 'application/json' },
