@@ -18,12 +18,18 @@ import { Credentials } from './auth/credentials.js';
 import { FailureThrottle } from './auth/failure-throttle.js';
 import { SecretHasher } from './auth/secret-hash.js';
 import { TokenEndpoint } from './auth/token-endpoint.js';
+import { Allocator } from './cluster/allocator.js';
 import { ClusterCredential } from './cluster/cluster-credential.js';
+import { DEFAULT_GOSSIP_CONFIG, Gossip } from './cluster/gossip.js';
+import { GossipMetrics } from './cluster/gossip-metrics.js';
+import { HttpGossipTransport } from './cluster/gossip-transport.js';
+import { HybridClock } from './cluster/hlc.js';
 import { Identity } from './cluster/identity.js';
 import { HttpPeerCaller } from './cluster/peer-client.js';
 import { Peers } from './cluster/peers.js';
+import { Replica } from './cluster/replica.js';
 import { ServiceConfig } from './cluster/service-config.js';
-import { type Clock, systemClock } from './domain/clock.js';
+import { type Clock, OffsetClock, systemClock } from './domain/clock.js';
 import { generateLicenseKeyPair } from './license/sign.js';
 import { loadOrCreateSecretFile, removeStaleTempFiles } from './store/key-files.js';
 import { Store } from './store/store.js';
@@ -44,6 +50,12 @@ export interface AgentConfig {
   /** Serve /metrics without a token. */
   metricsPublic?: boolean;
   clock?: Clock;
+  /** Gossip heartbeat interval (default 1000 ms). */
+  gossipIntervalMs?: number;
+  /** How long tombstones stay in gossip digests (default 1 hour). */
+  tombstoneHorizonMs?: number;
+  /** `--test-hooks`: a movable clock and the gossip fault switch behind admin-only endpoints. */
+  testHooks?: boolean;
 }
 
 export const DATABASE_FILE = 'mesh-agent.db';
@@ -82,7 +94,8 @@ export function createLogger(level: string, destination?: NodeJS.WritableStream)
 }
 
 export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
-  const clock = config.clock ?? systemClock;
+  const testClock = config.testHooks ? new OffsetClock() : undefined;
+  const clock = testClock ?? config.clock ?? systemClock;
   const logger = createLogger(config.logLevel, config.logDestination);
   const dataDir = resolve(config.dataDir);
   mkdirSync(dataDir, { recursive: true, mode: 0o700 });
@@ -104,7 +117,36 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
 
   const store = new Store(join(dataDir, DATABASE_FILE));
   let stopping = false;
+  let gossip: Gossip | undefined;
   try {
+    const replica = new Replica(
+      store,
+      identity.peerId,
+      new HybridClock(identity.peerId, clock),
+      clock,
+      config.tombstoneHorizonMs,
+    );
+    replica.init();
+    const allocator = new Allocator(store, identity.peerId, clock);
+    const clusterCredential = new ClusterCredential(store, clock, replica);
+    const metrics = new ApiMetrics();
+    const scheme = config.tls ? 'https' : 'http';
+    gossip = new Gossip({
+      store,
+      identity,
+      replica,
+      credential: clusterCredential,
+      allocator,
+      transport: new HttpGossipTransport(scheme),
+      clock,
+      logger: logger.child({ component: 'gossip' }),
+      metrics: new GossipMetrics(metrics.registry),
+      config: {
+        ...DEFAULT_GOSSIP_CONFIG,
+        intervalMs: config.gossipIntervalMs ?? DEFAULT_GOSSIP_CONFIG.intervalMs,
+      },
+    });
+    const engine = gossip;
     const tokens = await AccessTokens.create(tokenKey, config.publicUrl, audienceFor(identity.peerId), clock);
     const health = (): HealthReport => {
       const liveReasons: string[] = [];
@@ -113,7 +155,9 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       } catch {
         liveReasons.push('the database cannot be read');
       }
-      return { liveReasons, readyReasons: stopping ? ['the agent is shutting down'] : [] };
+      const readyReasons = stopping ? ['the agent is shutting down'] : [];
+      if (replica.removedFromCluster) readyReasons.push('another agent removed this one from the cluster');
+      return { liveReasons, readyReasons };
     };
     const app = await buildApp({
       store,
@@ -121,17 +165,23 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       tokens,
       tokenEndpoint: new TokenEndpoint(store, hasher, tokens, new FailureThrottle(clock), clock),
       credentials: new Credentials(store, hasher, clock),
-      clusterCredential: new ClusterCredential(store, clock),
-      services: new ServiceConfig(store, clock),
+      clusterCredential,
+      services: new ServiceConfig(store, clock, replica, allocator),
       peers: new Peers(
         store,
         identity,
-        new HttpPeerCaller(config.tls ? 'https' : 'http'),
+        new HttpPeerCaller(scheme),
         clock,
         config.licenseKeys,
+        replica,
+        allocator,
+        (peerId) => engine.joined(peerId),
       ),
-      // Gossip and the data plane arrive in later issues; until then there is nothing to run.
-      sync: () => logger.debug('sync: no subsystems to run yet'),
+      // The data plane joins this in a later issue.
+      sync: () => engine.syncNow(),
+      liveness: (peerId) => engine.liveness(peerId),
+      gossip: (envelope) => engine.handle(envelope),
+      testHooks: testClock && { clock: testClock, faults: engine.faults },
       bootstrap: {
         store,
         identity,
@@ -139,17 +189,20 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
         trustedLicenseKeys: config.licenseKeys,
         clock,
         advertiseAddress: config.advertise,
+        replica,
       },
       clock,
       publicUrl: config.publicUrl,
       version: AGENT_VERSION,
       health,
       logger,
-      metrics: new ApiMetrics(),
+      metrics,
       metricsPublic: config.metricsPublic ?? false,
       https: config.tls,
     });
     await app.listen({ host: config.listenHost, port: config.listenPort });
+    engine.start();
+    if (testClock) logger.warn('test hooks are on: the clock and gossip faults can be changed over the API');
     const address = app.server.address();
     const port = typeof address === 'object' && address ? address.port : config.listenPort;
     const host = config.listenHost.includes(':') ? `[${config.listenHost}]` : config.listenHost;
@@ -172,12 +225,14 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       async stop() {
         if (stopping) return;
         stopping = true;
+        await engine.stop();
         await app.close();
         store.close();
         logger.info('agent stopped');
       },
     };
   } catch (err) {
+    await gossip?.stop();
     store.close();
     throw err;
   }

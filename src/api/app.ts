@@ -28,12 +28,15 @@ import { guardFor } from './route-scopes.js';
 import { registerBootstrapRoutes } from './routes/bootstrap.js';
 import { registerClusterRoutes } from './routes/cluster.js';
 import { registerCredentialRoutes } from './routes/credentials.js';
+import { registerGossipRoutes } from './routes/gossip.js';
 import { registerHandshakeRoutes } from './routes/handshake.js';
 import { registerHealthRoutes } from './routes/health.js';
 import { registerOAuthRoutes } from './routes/oauth.js';
 import { registerOperatorRoutes } from './routes/operator.js';
 import { registerPeerRoutes } from './routes/peers.js';
 import { registerServiceRoutes } from './routes/services.js';
+import { registerTestHookRoutes, type TestHooks } from './routes/test-hooks.js';
+import type { PeerLivenessView } from './views.js';
 
 export interface HealthReport {
   /** Why the process cannot serve at all (empty when live). */
@@ -51,8 +54,14 @@ export interface AppDeps {
   clusterCredential: ClusterCredential;
   services: ServiceConfig;
   peers: Peers;
-  /** POST /v1/cluster/sync: run heartbeats, regeneration and subsystems now. */
-  sync: () => void;
+  /** POST /v1/cluster/sync: run heartbeats, anti-entropy and subsystems now; resolves when done. */
+  sync: () => Promise<void>;
+  /** A peer's liveness as this agent observes it (gossip failure detection). */
+  liveness: (peerId: string) => PeerLivenessView;
+  /** Answers POST /internal/v1/gossip (cluster/gossip.ts). */
+  gossip: (envelope: unknown) => Promise<{ status: number; body: unknown }>;
+  /** `--test-hooks`: a movable clock and the gossip fault switch, for tests only. */
+  testHooks?: TestHooks | undefined;
   bootstrap: BootstrapDeps;
   clock: Clock;
   publicUrl: string;
@@ -194,6 +203,8 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   registerPeerRoutes(app, deps);
   registerServiceRoutes(app, deps);
   registerHandshakeRoutes(app, deps);
+  registerGossipRoutes(app, deps);
+  registerTestHookRoutes(app, deps);
   registerOperatorRoutes(app, deps);
   // The rendered API reference; Swagger UI's assets come from the npm package, not a CDN.
   await app.register(swaggerUi, { routePrefix: '/docs' });

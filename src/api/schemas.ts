@@ -165,6 +165,12 @@ export const Peer = Type.Object({
   is_active: Type.Boolean(),
   version: Type.Integer(),
   deactivated_at: NullableTimestamp,
+  reachable: Type.Boolean({
+    description: 'whether this agent hears from the peer (gossip failure detection); a local observation',
+  }),
+  last_seen_at: Type.Union([Timestamp, Type.Null()], {
+    description: 'when this agent last heard from the peer; null if never',
+  }),
 });
 
 export const Deleted = Type.Object({ deleted: Type.Literal(true) });
@@ -329,6 +335,7 @@ export const HandshakePeerInfoSchema = Type.Object({
   oldest_peer_id: Type.String({ maxLength: 256 }),
   oldest_peer_created_at: Type.String({ format: 'date-time' }),
   active_peer_ids: Type.Array(Type.String({ maxLength: 256 }), { maxItems: 10_000 }),
+  service_count: Type.Integer({ minimum: 0 }),
 });
 
 export const HelloBody = Type.Object({
@@ -344,5 +351,32 @@ export const HelloReply = Type.Object({
   signature_b: Type.String(),
 });
 
-export const ConfirmBody = Type.Object({ nonce_b: Base64, signature_a: Base64 });
-export const ConfirmReply = Type.Object({ accepted: Type.Boolean(), peer_id: Type.String() });
+/** A replicated record (cluster/replicated-records.ts); its shape is checked by isWellFormed. */
+const WireRecordSchema = Type.Object(
+  {
+    key: Type.String({ maxLength: 200 }),
+    vkey: Type.String({ maxLength: 200 }),
+    body: Type.Union([Type.Object({}, { additionalProperties: true }), Type.Null()]),
+  },
+  { additionalProperties: false },
+);
+
+export const ConfirmBody = Type.Object({
+  nonce_b: Base64,
+  signature_a: Base64,
+  cluster_records: Type.Array(WireRecordSchema, { minItems: 2, maxItems: 2 }),
+});
+export const ConfirmReply = Type.Object({
+  accepted: Type.Boolean(),
+  peer_id: Type.String(),
+  cluster_records: Type.Array(WireRecordSchema),
+  signature_c: Type.String(),
+});
+
+/** A gossip envelope (cluster/gossip-envelope.ts); everything inside is checked by the engine. */
+export const GossipEnvelopeSchema = Type.Object({
+  payload: Type.String({ maxLength: 16 * 1024 * 1024 }),
+  kid: Type.String({ maxLength: 64 }),
+  mac: Type.String({ maxLength: 128 }),
+  sig: Type.String({ maxLength: 128 }),
+});

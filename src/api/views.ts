@@ -3,7 +3,13 @@
  */
 import type { PeerRecord, RouteRecord, ServiceRecord } from '../store/records.js';
 
-export function peerView(p: PeerRecord, localPeerId: string | undefined) {
+/** Liveness is what this agent observes, not replicated state (docs/gossip.md). */
+export interface PeerLivenessView {
+  reachable: boolean;
+  lastSeenAt: string | null;
+}
+
+export function peerView(p: PeerRecord, localPeerId: string | undefined, liveness: PeerLivenessView) {
   return {
     id: p.id,
     name: p.name,
@@ -14,6 +20,8 @@ export function peerView(p: PeerRecord, localPeerId: string | undefined) {
     is_active: p.isActive,
     version: p.version,
     deactivated_at: p.deactivatedAt,
+    reachable: liveness.reachable,
+    last_seen_at: liveness.lastSeenAt,
   };
 }
 

@@ -17,7 +17,8 @@ const USAGE = `usage:
   mesh-agent serve [--listen HOST:PORT] [--advertise HOST:PORT] [--data-dir DIR]
                    [--license-public-key FILE-or-BASE64]... [--tls-cert FILE --tls-key FILE]
                    [--public-url URL] [--dataplane on|off|auto] [--macvlan-parent IFACE]
-                   [--dev] [--metrics-public] [--log-level LEVEL]
+                   [--dev] [--metrics-public] [--log-level LEVEL] [--gossip-interval-ms MS]
+                   [--test-hooks]   (tests only: movable clock and gossip faults over the API)
   mesh-agent license keygen --out DIR [--force]
   mesh-agent license sign --key FILE --customer-id C --license-id L --max-nodes N
                    --max-services M --expires-at ISO [--issued-at ISO]
@@ -54,6 +55,8 @@ async function serve(argv: string[]): Promise<void> {
         : undefined,
     logLevel: opts.logLevel,
     metricsPublic: opts.metricsPublic,
+    gossipIntervalMs: opts.gossipIntervalMs,
+    testHooks: opts.testHooks,
   });
   if (banner) process.stderr.write(`${banner}\n`);
 

@@ -18,6 +18,8 @@ export interface ServeOptions {
   dev: boolean;
   metricsPublic: boolean;
   logLevel: string;
+  gossipIntervalMs: number;
+  testHooks: boolean;
 }
 
 const FLAGS = {
@@ -33,6 +35,8 @@ const FLAGS = {
   dev: { type: 'boolean' },
   'metrics-public': { type: 'boolean' },
   'log-level': { type: 'string' },
+  'gossip-interval-ms': { type: 'string' },
+  'test-hooks': { type: 'boolean' },
 } as const;
 
 export class UsageError extends Error {}
@@ -103,6 +107,11 @@ export function parseServeOptions(argv: string[], env: NodeJS.ProcessEnv): Serve
   if (dataplane !== 'on' && dataplane !== 'off' && dataplane !== 'auto') {
     throw new UsageError('--dataplane must be on, off or auto');
   }
+  const intervalText = str('gossip-interval-ms') ?? '1000';
+  const gossipIntervalMs = Number(intervalText);
+  if (!/^\d+$/.test(intervalText) || gossipIntervalMs < 50 || gossipIntervalMs > 60_000) {
+    throw new UsageError('--gossip-interval-ms must be an integer from 50 to 60000');
+  }
   const keysFlag = values['license-public-key'];
   const keysEnv = env[envName('license-public-key')];
   const licensePublicKeys = Array.isArray(keysFlag)
@@ -128,5 +137,7 @@ export function parseServeOptions(argv: string[], env: NodeJS.ProcessEnv): Serve
     dev: bool('dev'),
     metricsPublic: bool('metrics-public'),
     logLevel: str('log-level') ?? 'info',
+    gossipIntervalMs,
+    testHooks: bool('test-hooks'),
   };
 }

@@ -12,8 +12,10 @@ import type { License } from '../domain/license.js';
 import { ADMIN } from '../domain/scopes.js';
 import { verifyLicense } from '../license/verify.js';
 import type { Store } from '../store/store.js';
-import { hashClusterSecret } from './cluster-credential.js';
+import { hashClusterSecret, keyId } from './cluster-credential.js';
 import type { Identity } from './identity.js';
+import type { Replica } from './replica.js';
+import { PEER_RANK } from './replicated-records.js';
 
 export interface BootstrapInput {
   license: License;
@@ -41,6 +43,8 @@ export interface BootstrapDeps {
   clock: Clock;
   /** The address other agents reach this one at: the local peer's `address`. */
   advertiseAddress: string;
+  /** Issues the version keys of the first replicated records. */
+  replica: Pick<Replica, 'nextVkey'>;
 }
 
 export function bootstrapAgent(deps: BootstrapDeps, input: BootstrapInput): BootstrapResult {
@@ -52,6 +56,8 @@ export function bootstrapAgent(deps: BootstrapDeps, input: BootstrapInput): Boot
   const clientId = newClientId();
   const clientSecret = newClientSecret();
   const clusterId = newClusterId();
+  const clusterSecretHash = hashClusterSecret(newClientSecret());
+  const vkey = (ordinal: number) => deps.replica.nextVkey(undefined, ordinal);
   store.bootstrap({
     state: {
       license: input.license,
@@ -60,6 +66,8 @@ export function bootstrapAgent(deps: BootstrapDeps, input: BootstrapInput): Boot
       description: input.description ?? '',
       bootstrappedAt: now,
       clusterCreatedBy: identity.peerId,
+      clusterVkey: vkey(0),
+      credentialVkey: vkey(1),
     },
     localPeer: {
       id: identity.peerId,
@@ -71,6 +79,7 @@ export function bootstrapAgent(deps: BootstrapDeps, input: BootstrapInput): Boot
       deactivatedAt: null,
       createdAt: now,
       updatedAt: now,
+      vkey: vkey(PEER_RANK.active),
     },
     firstCredential: {
       clientId,
@@ -81,12 +90,14 @@ export function bootstrapAgent(deps: BootstrapDeps, input: BootstrapInput): Boot
       lastUsedAt: null,
     },
     clusterSecret: {
+      kid: keyId(clusterSecretHash),
       version: 1,
       clientId: newClusterClientId(),
-      secretHash: hashClusterSecret(newClientSecret()),
+      secretHash: clusterSecretHash,
       rotatedBy: identity.peerId,
       rotatedAt: now,
       validUntil: null,
+      replicated: true,
     },
   });
   return {

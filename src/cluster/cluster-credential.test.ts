@@ -5,12 +5,21 @@ import { join } from 'node:path';
 import { describe, it } from 'node:test';
 import { isoTime, ManualClock } from '../domain/clock.js';
 import { Store } from '../store/store.js';
-import { CLUSTER_SECRET_GRACE_MS, ClusterCredential, hashClusterSecret } from './cluster-credential.js';
+import {
+  CLUSTER_SECRET_GRACE_MS,
+  ClusterCredential,
+  hashClusterSecret,
+  keyId,
+} from './cluster-credential.js';
+import { encodeStamp } from './hlc.js';
+import { makeVkey } from './replicated-records.js';
 
 function setup() {
   const clock = new ManualClock();
   const store = new Store(join(mkdtempSync(join(tmpdir(), 'cc-')), 'db'));
   store.insertClusterSecret({
+    kid: keyId(hashClusterSecret('first')),
+    replicated: true,
     version: 1,
     clientId: 'mcc_x',
     secretHash: hashClusterSecret('first'),
@@ -18,7 +27,13 @@ function setup() {
     rotatedAt: isoTime(clock.now()),
     validUntil: null,
   });
-  return { clock, store, cc: new ClusterCredential(store, clock) };
+  return {
+    clock,
+    store,
+    cc: new ClusterCredential(store, clock, {
+      nextVkey: () => makeVkey(0, 1, encodeStamp({ wall: clock.now(), counter: 0, origin: 'p1' })),
+    }),
+  };
 }
 
 describe('ClusterCredential', () => {

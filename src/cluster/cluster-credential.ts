@@ -1,15 +1,21 @@
 /**
  * The cluster credential: the secret agents use to authenticate to each other (never to the
  * management API). Rotation makes a new secret current at once and keeps each previous one
- * valid for a 24-hour grace period (API document, Limits). Gossip will carry rotations in the
- * cluster issue; on one node this is the whole story.
+ * valid for a 24-hour grace period (API document, Limits). A rotation is a replicated record
+ * (replicated-records.ts): gossip carries it, and of two concurrent rotations the one with the
+ * greater vkey wins on every agent.
+ *
+ * Every gossip message carries an HMAC under a key derived from a live cluster key (gossip-
+ * envelope.ts), named by its key id, so holding the current or a graced key is what the
+ * credential authorizes.
  */
-import { createHash, timingSafeEqual } from 'node:crypto';
+import { createHash, createHmac, timingSafeEqual } from 'node:crypto';
 import { type Clock, isoTime } from '../domain/clock.js';
 import { ApiError } from '../domain/errors.js';
 import { newClientSecret } from '../domain/ids.js';
 import type { ClusterSecretRecord } from '../store/records.js';
 import type { Store } from '../store/store.js';
+import type { Replica } from './replica.js';
 
 export const CLUSTER_SECRET_GRACE_MS = 24 * 60 * 60 * 1000;
 
@@ -20,6 +26,21 @@ export const CLUSTER_SECRET_GRACE_MS = 24 * 60 * 60 * 1000;
  */
 export function hashClusterSecret(secret: string): Buffer {
   return createHash('sha256').update(secret, 'utf8').digest();
+}
+
+/** Names a key in gossip without revealing it: the first 8 of its 32 hash bytes, hex. */
+export const keyId = (secretHash: Buffer): string => secretHash.subarray(0, 8).toString('hex');
+
+/** The gossip MAC key of a cluster key: derived, so the stored hash is never used directly. */
+export const macKeyOf = (secretHash: Buffer): Buffer =>
+  createHmac('sha256', secretHash).update('mesh-agent gossip mac v1').digest();
+
+/** Keys kept in a credential record besides the current one; older ones fall out at rotation. */
+const MAX_PREVIOUS_KEYS = 15;
+
+export interface MacKey {
+  kid: string;
+  key: Buffer;
 }
 
 export interface ClusterCredentialView {
@@ -37,6 +58,7 @@ export class ClusterCredential {
   constructor(
     private readonly store: Store,
     private readonly clock: Clock,
+    private readonly replica: Pick<Replica, 'nextVkey'>,
   ) {}
 
   current(): ClusterCredentialView {
@@ -53,15 +75,32 @@ export class ClusterCredential {
     const previous = this.currentRecord();
     const nowMs = this.clock.now();
     const secret = newClientSecret();
+    const secretHash = hashClusterSecret(secret);
     const next: ClusterSecretRecord = {
+      kid: keyId(secretHash),
       version: previous.version + 1,
       clientId: previous.clientId,
-      secretHash: hashClusterSecret(secret),
+      secretHash,
       rotatedBy,
       rotatedAt: isoTime(nowMs),
       validUntil: null,
+      replicated: true,
     };
-    this.store.rotateClusterSecret(next, previous.version, isoTime(nowMs + CLUSTER_SECRET_GRACE_MS));
+    const state = this.store.agentState();
+    this.store.transaction(() => {
+      this.store.deleteExpiredClusterSecrets(isoTime(nowMs));
+      // The record stays bounded: the oldest graced keys beyond the cap leave it.
+      const graced = this.store.clusterSecrets().filter((k) => k.replicated && k.kid !== previous.kid);
+      for (const old of graced.slice(MAX_PREVIOUS_KEYS - 1)) {
+        this.store.insertClusterSecret({ ...old, replicated: false });
+      }
+      this.store.rotateClusterSecret(
+        next,
+        previous.kid,
+        isoTime(nowMs + CLUSTER_SECRET_GRACE_MS),
+        this.replica.nextVkey(state?.credentialVkey || undefined, next.version),
+      );
+    });
     return {
       client_id: next.clientId,
       client_secret: secret,
@@ -83,6 +122,20 @@ export class ClusterCredential {
       accepted = (live && same && s.clientId === clientId) || accepted;
     }
     return accepted;
+  }
+
+  /** Keys this agent may MAC gossip with, current first: the current and every graced one. */
+  macKeys(): MacKey[] {
+    const nowMs = this.clock.now();
+    return this.store
+      .clusterSecrets()
+      .filter((s) => s.validUntil === null || Date.parse(s.validUntil) > nowMs)
+      .map((s) => ({ kid: s.kid, key: macKeyOf(s.secretHash) }));
+  }
+
+  /** The MAC key named `kid`, if that key is live here. */
+  macKey(kid: string): Buffer | undefined {
+    return this.macKeys().find((k) => k.kid === kid)?.key;
   }
 
   private currentRecord(): ClusterSecretRecord {

@@ -7,10 +7,14 @@
  *   POST /internal/v1/handshake/hello {initiator, nonce_a}
  *                              <--------------- {responder, nonce_b, signature_b}
  *        signature_b = Sign_responder(RESPONDER_CONTEXT || JCS{nonce_a, nonce_b, initiator_peer_id, responder})
- *   POST /internal/v1/handshake/confirm {nonce_b, signature_a}
- *        signature_a = Sign_initiator(INITIATOR_CONTEXT || JCS{nonce_a, nonce_b, initiator, responder_peer_id})
- *                              <--------------- {accepted: true}     (responder has added the initiator)
+ *   POST /internal/v1/handshake/confirm {nonce_b, signature_a, cluster_records}
+ *        signature_a = Sign_initiator(INITIATOR_CONTEXT || JCS{nonce_a, nonce_b, initiator, responder_peer_id, cluster_records})
+ *                              <--------------- {accepted, cluster_records, signature_c}   (responder has added the initiator)
+ *        signature_c = Sign_responder(CONFIRM_CONTEXT || JCS{nonce_a, nonce_b, cluster_records})
  *   initiator adds the responder.
+ *
+ * cluster_records are each side's cluster and credential records; both sides then adopt the
+ * surviving cluster's pair (mergedClusterRecords), and gossip brings the rest of each cluster.
  *
  * The contexts keep a signature made for one role from being replayed as the other; nonces are
  * single-use on the responder and expire after HANDSHAKE_TTL_MS. Neither side changes anything
@@ -21,11 +25,13 @@ import canonicalize from 'canonicalize';
 import { peerIdFromPublicKey } from '../domain/ids.js';
 import type { License } from '../domain/license.js';
 import { verifyPeerSignature } from './identity.js';
+import { epochOf, isWellFormed, liftToEpoch, type WireRecord } from './replicated-records.js';
 
 export const HANDSHAKE_VERSION = 1;
 export const HANDSHAKE_TTL_MS = 10_000;
 const RESPONDER_CONTEXT = 'mesh-agent handshake v1 responder\n';
 const INITIATOR_CONTEXT = 'mesh-agent handshake v1 initiator\n';
+const CONFIRM_CONTEXT = 'mesh-agent handshake v1 confirm\n';
 
 /** What each side tells the other about itself and its cluster. */
 export interface HandshakePeerInfo {
@@ -47,6 +53,8 @@ export interface HandshakePeerInfo {
   oldest_peer_id: string;
   oldest_peer_created_at: string;
   active_peer_ids: string[];
+  /** Services of its cluster: a merge must fit max_services too (DECISIONS §5). */
+  service_count: number;
 }
 
 export interface HelloRequest {
@@ -65,6 +73,20 @@ export interface HelloResponse {
 export interface ConfirmRequest {
   nonce_b: string;
   signature_a: string;
+  /**
+   * The initiator's cluster and credential records (replicated-records.ts), sent only once the
+   * responder has proven its key: the side whose cluster survives the merge gives both.
+   */
+  cluster_records: WireRecord[];
+}
+
+export interface ConfirmResponse {
+  accepted: true;
+  peer_id: string;
+  /** The responder's cluster and credential records as they were before the merge. */
+  cluster_records: WireRecord[];
+  /** The responder's signature over both nonces and its records (CONFIRM_CONTEXT). */
+  signature_c: string;
 }
 
 export const newNonce = (): string => randomBytes(32).toString('base64');
@@ -92,13 +114,43 @@ export function initiatorSigningInput(
   nonceB: string,
   initiator: HandshakePeerInfo,
   responderPeerId: string,
+  clusterRecords: readonly WireRecord[],
 ) {
   return signingInput(INITIATOR_CONTEXT, {
     nonce_a: nonceA,
     nonce_b: nonceB,
     initiator,
     responder_peer_id: responderPeerId,
+    cluster_records: clusterRecords,
   });
+}
+
+export function confirmSigningInput(nonceA: string, nonceB: string, clusterRecords: readonly WireRecord[]) {
+  return signingInput(CONFIRM_CONTEXT, { nonce_a: nonceA, nonce_b: nonceB, cluster_records: clusterRecords });
+}
+
+/**
+ * The cluster and credential records both agents adopt after a merge: the surviving cluster's,
+ * lifted to an epoch above all four so that they beat everything either cluster wrote before.
+ * Both sides compute the same records from the same inputs.
+ */
+export function mergedClusterRecords(
+  winner: readonly WireRecord[],
+  loser: readonly WireRecord[],
+): WireRecord[] {
+  const epoch = Math.max(...[...winner, ...loser].map((r) => epochOf(r.vkey))) + 1;
+  return winner.map((r) => liftToEpoch(r, epoch));
+}
+
+/** Exactly a cluster record and a credential record, well formed. */
+export function isClusterTransfer(records: unknown): records is WireRecord[] {
+  return (
+    Array.isArray(records) &&
+    records.length === 2 &&
+    records.every(isWellFormed) &&
+    (records[0] as WireRecord).key === 'cluster' &&
+    (records[1] as WireRecord).key === 'credential'
+  );
 }
 
 /** A peer id must be the one its public key yields: nobody can claim another agent's id. */

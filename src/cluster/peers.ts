@@ -1,8 +1,9 @@
 /**
  * Peer membership on this agent: adding a peer by the handshake (both roles), renaming,
- * removing, leaving, and the cluster id (init). Gossip of these changes to the rest of the
- * cluster arrives with the cluster issue; until then each change is local to the two agents of
- * a handshake, or to this agent.
+ * removing, leaving, and the cluster id (init). Every change is a replicated record with a
+ * version key (replica.ts) that gossip carries to the rest of the cluster; a join also merges
+ * the two clusters' cluster and credential records (handshake-protocol.ts) and is admitted by
+ * the allocator against max_nodes (allocator.ts).
  */
 import type { KeyObject } from 'node:crypto';
 import { type Clock, isoTime } from '../domain/clock.js';
@@ -12,14 +13,19 @@ import { parsePeerAddress } from '../domain/peer-address.js';
 import { verifyLicense } from '../license/verify.js';
 import type { AgentState, PeerRecord } from '../store/records.js';
 import type { Store } from '../store/store.js';
+import type { Admission } from './allocator.js';
 import {
   type ConfirmRequest,
+  type ConfirmResponse,
+  confirmSigningInput,
   HANDSHAKE_TTL_MS,
   HANDSHAKE_VERSION,
   type HandshakePeerInfo,
   type HelloRequest,
   type HelloResponse,
   initiatorSigningInput,
+  isClusterTransfer,
+  mergedClusterRecords,
   newNonce,
   peerIdMatchesKey,
   responderSigningInput,
@@ -28,6 +34,8 @@ import {
 } from './handshake-protocol.js';
 import type { Identity } from './identity.js';
 import { PeerCallError, type PeerCaller } from './peer-client.js';
+import { peerRank, type Replica } from './replica.js';
+import { keyOf, PEER_RANK, type WireRecord } from './replicated-records.js';
 
 /** Handshakes a responder keeps open at once; more are refused until some complete or expire. */
 const MAX_PENDING_HANDSHAKES = 256;
@@ -71,6 +79,10 @@ export class Peers {
     private readonly caller: PeerCaller,
     private readonly clock: Clock,
     private readonly trustedLicenseKeys: readonly KeyObject[],
+    private readonly replica: Replica,
+    private readonly admission: Admission,
+    /** Told of every peer that joined by a handshake, so gossip can sync with it at once. */
+    private readonly onJoined: (peerId: string) => void = () => {},
   ) {}
 
   // --- initiator ---------------------------------------------------------------------------
@@ -136,16 +148,33 @@ export class Peers {
       throw handshakeFailed(`${address} did not prove possession of the private key of ${remote.peer_id}`);
     this.checkLicense(state, responder, `the agent at ${address}`);
     this.checkNodeLimit(state, responder.active_peer_ids);
+    this.checkServiceLimit(state, responder.service_count);
+    // Our cluster's allocator admits the newcomers: two joins at max_nodes - 1, one wins.
+    await this.admission.admitPeers(responder.active_peer_ids);
 
+    const myRecords = this.clusterRecords();
     const signatureA = this.identity.sign(
-      initiatorSigningInput(nonceA, hello.nonce_b, me, responder.peer_id),
+      initiatorSigningInput(nonceA, hello.nonce_b, me, responder.peer_id, myRecords),
     );
-    await this.callPeer(address, 'POST', '/internal/v1/handshake/confirm', {
+    const confirmed = (await this.callPeer(address, 'POST', '/internal/v1/handshake/confirm', {
       nonce_b: hello.nonce_b,
       signature_a: signatureA.toString('base64'),
-    } satisfies ConfirmRequest);
+      cluster_records: myRecords,
+    } satisfies ConfirmRequest)) as Partial<ConfirmResponse>;
+    const theirRecords = confirmed.cluster_records;
+    if (
+      !isClusterTransfer(theirRecords) ||
+      typeof confirmed.signature_c !== 'string' ||
+      !verifySignature(
+        remote.public_key,
+        confirmSigningInput(nonceA, hello.nonce_b, theirRecords),
+        confirmed.signature_c,
+      )
+    ) {
+      throw handshakeFailed(`${address} confirmed the handshake without valid signed cluster records`);
+    }
 
-    return this.store.transaction(() => {
+    const record = this.store.transaction(() => {
       // Checked again at the write: an incoming handshake may have completed while we waited.
       if (this.store.peer(responder.peer_id) || this.store.peers().some((p) => p.address === address)) {
         throw new ApiError('ALREADY_EXISTS', `peer ${responder.peer_id} is already in the cluster`);
@@ -153,9 +182,11 @@ export class Peers {
       this.checkNodeLimit(state, responder.active_peer_ids);
       const record = this.newRemotePeer(responder, address);
       this.store.insertPeer(record);
-      this.adoptOlderCluster(me, responder);
+      this.mergeClusters(me, myRecords, responder, theirRecords);
       return record;
     });
+    this.onJoined(record.id);
+    return record;
   }
 
   /** Calls a peer; its documented refusals pass on, anything else is HANDSHAKE_FAILED. */
@@ -207,6 +238,7 @@ export class Peers {
     if (initiator.peer_id === state.localPeerId || this.store.peer(initiator.peer_id)) {
       throw new ApiError('ALREADY_EXISTS', `peer ${initiator.peer_id} is already in the cluster`);
     }
+    this.checkServiceLimit(state, initiator.service_count);
     this.prunePending();
     if (this.pending.size >= MAX_PENDING_HANDSHAKES) {
       throw new ApiError('UNAVAILABLE', 'too many handshakes in progress; try again shortly');
@@ -227,7 +259,7 @@ export class Peers {
     };
   }
 
-  confirm(req: ConfirmRequest): { accepted: true; peer_id: string } {
+  async confirm(req: ConfirmRequest): Promise<ConfirmResponse> {
     const pending = this.pending.get(req.nonce_b);
     this.pending.delete(req.nonce_b);
     if (!pending || pending.expiresAt <= this.clock.now())
@@ -235,24 +267,38 @@ export class Peers {
     const state = this.requireState();
     this.requireActive(state);
     const { initiator, nonceA } = pending;
-    const input = initiatorSigningInput(nonceA, req.nonce_b, initiator, state.localPeerId);
+    if (!isClusterTransfer(req.cluster_records)) {
+      throw handshakeFailed('the initiator sent no well-formed cluster records');
+    }
+    const theirRecords = req.cluster_records;
+    const input = initiatorSigningInput(nonceA, req.nonce_b, initiator, state.localPeerId, theirRecords);
     if (!verifySignature(initiator.public_key, input, req.signature_a)) {
       throw handshakeFailed(
         `the initiator did not prove possession of the private key of ${initiator.peer_id}`,
       );
     }
+    // Our own cluster's allocator admits the initiator's peers too.
+    await this.admission.admitPeers(initiator.active_peer_ids);
     const address = parsePeerAddress(initiator.address)!.text;
-    this.store.transaction(() => {
+    const myRecords = this.store.transaction(() => {
       // Our side of the merge as it was before the initiator joined it.
       const me = this.localInfo(state);
+      const mine = this.clusterRecords();
       if (this.store.peer(initiator.peer_id) || this.store.peers().some((p) => p.address === address)) {
         throw new ApiError('ALREADY_EXISTS', `peer ${initiator.peer_id} is already in the cluster`);
       }
       this.checkNodeLimit(state, initiator.active_peer_ids);
       this.store.insertPeer(this.newRemotePeer(initiator, address));
-      this.adoptOlderCluster(me, initiator);
+      this.mergeClusters(me, mine, initiator, theirRecords);
+      return mine;
     });
-    return { accepted: true, peer_id: state.localPeerId };
+    this.onJoined(initiator.peer_id);
+    return {
+      accepted: true,
+      peer_id: state.localPeerId,
+      cluster_records: myRecords,
+      signature_c: this.identity.sign(confirmSigningInput(nonceA, req.nonce_b, myRecords)).toString('base64'),
+    };
   }
 
   // --- local changes -----------------------------------------------------------------------
@@ -262,7 +308,13 @@ export class Peers {
       const peer = this.store.peer(id);
       if (!peer) throw notFound(`no peer with id ${id}`);
       if (name === undefined || name === peer.name) return peer;
-      const updated = { ...peer, name, version: peer.version + 1, updatedAt: isoTime(this.clock.now()) };
+      const updated = {
+        ...peer,
+        name,
+        version: peer.version + 1,
+        updatedAt: isoTime(this.clock.now()),
+        vkey: this.replica.nextVkey(peer.vkey, peerRank(peer)),
+      };
       this.store.updatePeer(updated);
       return updated;
     });
@@ -272,7 +324,8 @@ export class Peers {
   remove(id: string): void {
     this.store.transaction(() => {
       const state = this.requireState();
-      if (!this.store.peer(id)) throw notFound(`no peer with id ${id}`);
+      const peer = this.store.peer(id);
+      if (!peer) throw notFound(`no peer with id ${id}`);
       if (id === state.localPeerId) {
         throw new ApiError(
           'CANNOT_DELETE_LOCAL',
@@ -280,6 +333,12 @@ export class Peers {
         );
       }
       this.store.deletePeer(id);
+      // The tombstone keeps anti-entropy from bringing the peer back (DECISIONS §5).
+      this.store.putTombstone({
+        key: keyOf('peer', id),
+        vkey: this.replica.nextVkey(peer.vkey, PEER_RANK.removed),
+        arrivedAt: this.clock.now(),
+      });
     });
   }
 
@@ -296,6 +355,7 @@ export class Peers {
           deactivatedAt: now,
           version: self.version + 1,
           updatedAt: now,
+          vkey: this.replica.nextVkey(self.vkey, PEER_RANK.inactive),
         };
         this.store.updatePeer(updated);
         return deactivation(updated);
@@ -318,7 +378,7 @@ export class Peers {
         };
       }
       const clusterId = newClusterId();
-      this.store.setCluster(clusterId, state.localPeerId);
+      this.store.setCluster(clusterId, state.localPeerId, this.replica.nextVkey(state.clusterVkey, 0));
       return {
         cluster_id: clusterId,
         created_by: state.localPeerId,
@@ -380,7 +440,24 @@ export class Peers {
       oldest_peer_id: oldest.id,
       oldest_peer_created_at: oldest.createdAt,
       active_peer_ids: [...this.store.activePeerIds()],
+      service_count: this.store.serviceCount(),
     };
+  }
+
+  /** This agent's cluster and credential records, as a handshake exchanges them. */
+  private clusterRecords(): WireRecord[] {
+    return [this.replica.record('cluster')!, this.replica.record('credential')!];
+  }
+
+  /** A merge must fit max_services: both clusters' services together (they never overlap). */
+  private checkServiceLimit(state: AgentState, remoteServices: number): void {
+    const total = this.store.serviceCount() + remoteServices;
+    if (total > state.license.max_services) {
+      throw new ApiError(
+        'SERVICE_LIMIT_EXCEEDED',
+        `joining would make ${total} services; the license allows ${state.license.max_services}`,
+      );
+    }
   }
 
   private oldestActivePeer(state: AgentState): PeerRecord {
@@ -402,6 +479,8 @@ export class Peers {
 
   private newRemotePeer(info: HandshakePeerInfo, address: string): PeerRecord {
     const now = isoTime(this.clock.now());
+    // A peer removed before and now added again starts an epoch above its tombstone.
+    const removed = this.store.tombstones().get(keyOf('peer', info.peer_id));
     return {
       id: info.peer_id,
       name: '',
@@ -412,13 +491,24 @@ export class Peers {
       deactivatedAt: null,
       createdAt: isoTime(Date.parse(info.created_at)),
       updatedAt: now,
+      vkey: this.replica.nextVkey(removed?.vkey, PEER_RANK.active, removed ? 1 : 0),
     };
   }
 
-  private adoptOlderCluster(local: HandshakePeerInfo, remote: HandshakePeerInfo): void {
-    const winner = survivingCluster(local, remote);
-    if (winner.cluster_id !== local.cluster_id)
-      this.store.setCluster(winner.cluster_id, winner.cluster_created_by);
+  /**
+   * Both sides of a join adopt the surviving cluster's id and credential (DECISIONS §5: the
+   * cluster whose oldest peer is older; ties by peer id).
+   */
+  private mergeClusters(
+    me: HandshakePeerInfo,
+    mine: WireRecord[],
+    them: HandshakePeerInfo,
+    theirs: WireRecord[],
+  ): void {
+    const iWin = survivingCluster(me, them) === me;
+    const merged = iWin ? mergedClusterRecords(mine, theirs) : mergedClusterRecords(theirs, mine);
+    this.replica.apply(merged);
+    if (removedTombstone(this.store, them.peer_id)) this.store.deleteTombstone(keyOf('peer', them.peer_id));
   }
 
   private prunePending(): void {
@@ -426,6 +516,8 @@ export class Peers {
     for (const [nonce, p] of this.pending) if (p.expiresAt <= now) this.pending.delete(nonce);
   }
 }
+
+const removedTombstone = (store: Store, peerId: string) => store.tombstones().has(keyOf('peer', peerId));
 
 const handshakeFailed = (message: string) => new ApiError('HANDSHAKE_FAILED', message);
 
@@ -457,6 +549,8 @@ function isPeerInfo(v: unknown): v is HandshakePeerInfo {
     o.license !== null &&
     Array.isArray(o.active_peer_ids) &&
     o.active_peer_ids.length <= 10_000 &&
-    o.active_peer_ids.every((x) => typeof x === 'string')
+    o.active_peer_ids.every((x) => typeof x === 'string') &&
+    Number.isSafeInteger(o.service_count) &&
+    (o.service_count as number) >= 0
   );
 }

@@ -1,8 +1,10 @@
 /**
  * Services and routes: the replicated configuration that tells the data plane what to carry.
  * Create, update and delete with the checks of the API document in its order (400, then 404,
- * then 409/422); every write in one transaction. The cluster issue replicates these records;
- * ids are made without coordination for that reason (DECISIONS §5).
+ * then 409/422); every write in one transaction. Every write carries a version key from the
+ * replica, and a deletion leaves a tombstone, so gossip can replicate them (replica.ts). Ids are
+ * made without coordination for that reason (DECISIONS §5). A new service is admitted by the
+ * cluster's allocator first (allocator.ts): that is what holds max_services cluster-wide.
  */
 import { type Clock, isoTime } from '../domain/clock.js';
 import { ApiError, invalidRequest, notFound } from '../domain/errors.js';
@@ -16,6 +18,9 @@ import {
 } from '../domain/service-rules.js';
 import type { RouteRecord, ServiceRecord, TransportType } from '../store/records.js';
 import type { ServiceFilter, Store } from '../store/store.js';
+import type { Admission } from './allocator.js';
+import type { Replica } from './replica.js';
+import { DELETED_RANK, keyOf, LIVE_RANK } from './replicated-records.js';
 
 export interface ServiceCreate {
   target_peer_id: string;
@@ -51,6 +56,8 @@ export class ServiceConfig {
   constructor(
     private readonly store: Store,
     private readonly clock: Clock,
+    private readonly replica: Pick<Replica, 'nextVkey'>,
+    private readonly admission: Admission,
   ) {}
 
   list(filter: ServiceFilter): { service: ServiceRecord; routeCount: number }[] {
@@ -65,7 +72,7 @@ export class ServiceConfig {
     return { service, routes: this.store.routesOf(id) };
   }
 
-  create(input: ServiceCreate): ServiceRecord {
+  async create(input: ServiceCreate): Promise<ServiceRecord> {
     const state = this.store.agentState();
     if (!state) throw notFound('this agent is not bootstrapped');
     const shape = {
@@ -88,28 +95,34 @@ export class ServiceConfig {
       version: 1,
       createdAt: now,
       updatedAt: now,
+      vkey: this.replica.nextVkey(undefined, LIVE_RANK),
     };
+    // The local checks first, so that what this agent can already refuse costs no round trip.
+    this.checkCreate(record, state.license.max_services);
+    await this.admission.admitService(record);
     return this.store.transaction(() => {
-      if (!this.store.peer(record.targetPeerId))
-        throw notFound(`target peer ${record.targetPeerId} not found`);
-      if (!this.store.peer(record.sourcePeerId))
-        throw notFound(`source peer ${record.sourcePeerId} not found`);
-      if (this.store.serviceIdForPair(record.sourcePeerId, record.targetPeerId)) {
-        throw new ApiError(
-          'ALREADY_EXISTS',
-          'a service from this source peer to this target peer already exists',
-        );
-      }
-      // Inactive services count too (DECISIONS §5).
-      if (this.store.serviceCount() >= state.license.max_services) {
-        throw new ApiError(
-          'SERVICE_LIMIT_EXCEEDED',
-          `the license allows ${state.license.max_services} services and the cluster has that many`,
-        );
-      }
+      this.checkCreate(record, state.license.max_services);
       this.store.insertService(record);
       return record;
     });
+  }
+
+  private checkCreate(record: ServiceRecord, maxServices: number): void {
+    if (!this.store.peer(record.targetPeerId)) throw notFound(`target peer ${record.targetPeerId} not found`);
+    if (!this.store.peer(record.sourcePeerId)) throw notFound(`source peer ${record.sourcePeerId} not found`);
+    if (this.store.serviceIdForPair(record.sourcePeerId, record.targetPeerId)) {
+      throw new ApiError(
+        'ALREADY_EXISTS',
+        'a service from this source peer to this target peer already exists',
+      );
+    }
+    // Inactive services count too (DECISIONS §5).
+    if (this.store.serviceCount() >= maxServices) {
+      throw new ApiError(
+        'SERVICE_LIMIT_EXCEEDED',
+        `the license allows ${maxServices} services and the cluster has that many`,
+      );
+    }
   }
 
   update(id: string, input: ServiceUpdate): ServiceRecord {
@@ -156,14 +169,25 @@ export class ServiceConfig {
         ...candidate,
         version: current.version + 1,
         updatedAt: isoTime(this.clock.now()),
+        vkey: this.replica.nextVkey(current.vkey, LIVE_RANK),
       };
       this.store.updateService(updated);
       return updated;
     });
   }
 
+  /** Deletes the service (its routes go with it) and leaves a tombstone for gossip. */
   delete(id: string): void {
-    if (!this.store.deleteService(id)) throw notFound(`no service with id ${id}`);
+    this.store.transaction(() => {
+      const current = this.store.service(id);
+      if (!current) throw notFound(`no service with id ${id}`);
+      this.store.deleteService(id);
+      this.store.putTombstone({
+        key: keyOf('service', id),
+        vkey: this.replica.nextVkey(current.vkey, DELETED_RANK),
+        arrivedAt: this.clock.now(),
+      });
+    });
   }
 
   routes(serviceId: string): readonly RouteRecord[] {
@@ -184,7 +208,15 @@ export class ServiceConfig {
         // 2^53 ids make a collision all but impossible; checking costs one indexed read.
         while (this.store.route(id) || ids.includes(id)) id = newRouteId();
         ids.push(id);
-        this.store.insertRoute({ id, serviceId, ...shape, version: 1, createdAt: now, updatedAt: now });
+        this.store.insertRoute({
+          id,
+          serviceId,
+          ...shape,
+          version: 1,
+          createdAt: now,
+          updatedAt: now,
+          vkey: this.replica.nextVkey(undefined, LIVE_RANK),
+        });
       }
       return ids;
     });
@@ -205,6 +237,7 @@ export class ServiceConfig {
         ...shape,
         version: current.version + 1,
         updatedAt: isoTime(this.clock.now()),
+        vkey: this.replica.nextVkey(current.vkey, LIVE_RANK),
       };
       this.store.updateRoute(updated);
       return updated;
@@ -213,8 +246,13 @@ export class ServiceConfig {
 
   deleteRoute(serviceId: string, routeId: number): void {
     this.store.transaction(() => {
-      this.requireRoute(serviceId, routeId);
+      const current = this.requireRoute(serviceId, routeId);
       this.store.deleteRoute(routeId);
+      this.store.putTombstone({
+        key: keyOf('route', routeId),
+        vkey: this.replica.nextVkey(current.vkey, DELETED_RANK),
+        arrivedAt: this.clock.now(),
+      });
     });
   }
 

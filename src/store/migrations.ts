@@ -91,4 +91,35 @@ export const MIGRATIONS: readonly string[] = [
   ) STRICT;
   CREATE INDEX routes_service ON routes (service_id);
   `,
+  // 3: replication (the cluster issue): a version key on every replicated row, tombstones for
+  // deleted records, and the cluster credential keyed by key id, so that two clusters' chains
+  // (whose version numbers collide) can be held side by side after a merge.
+  `
+  ALTER TABLE peers ADD COLUMN vkey TEXT NOT NULL DEFAULT '';
+  ALTER TABLE services ADD COLUMN vkey TEXT NOT NULL DEFAULT '';
+  ALTER TABLE routes ADD COLUMN vkey TEXT NOT NULL DEFAULT '';
+  ALTER TABLE agent_state ADD COLUMN cluster_vkey TEXT NOT NULL DEFAULT '';
+  ALTER TABLE agent_state ADD COLUMN credential_vkey TEXT NOT NULL DEFAULT '';
+
+  CREATE TABLE tombstones (
+    key        TEXT PRIMARY KEY,
+    vkey       TEXT NOT NULL,
+    arrived_at INTEGER NOT NULL
+  ) STRICT;
+
+  CREATE TABLE cluster_keys (
+    kid         TEXT PRIMARY KEY,
+    client_id   TEXT NOT NULL,
+    version     INTEGER NOT NULL CHECK (version >= 1),
+    secret_hash BLOB NOT NULL,
+    rotated_by  TEXT NOT NULL,
+    rotated_at  TEXT NOT NULL,
+    valid_until TEXT,
+    replicated  INTEGER NOT NULL DEFAULT 1 CHECK (replicated IN (0, 1))
+  ) STRICT;
+  INSERT INTO cluster_keys (kid, client_id, version, secret_hash, rotated_by, rotated_at, valid_until)
+    SELECT lower(hex(substr(secret_hash, 1, 8))), client_id, version, secret_hash, rotated_by, rotated_at, valid_until
+    FROM cluster_secrets;
+  DROP TABLE cluster_secrets;
+  `,
 ];

@@ -12,6 +12,9 @@ export interface AgentState {
   description: string;
   bootstrappedAt: string;
   clusterCreatedBy: string;
+  /** Version keys of the replicated cluster and credential records (replicated-records.ts). */
+  clusterVkey: string;
+  credentialVkey: string;
 }
 
 export interface PeerRecord {
@@ -24,6 +27,8 @@ export interface PeerRecord {
   deactivatedAt: string | null;
   createdAt: string;
   updatedAt: string;
+  /** Version key of the last write (src/cluster/replicated-records.ts); '' before replication. */
+  vkey: string;
 }
 
 export interface CredentialRecord {
@@ -36,6 +41,8 @@ export interface CredentialRecord {
 }
 
 export interface ClusterSecretRecord {
+  /** Key id: hex of the first 8 bytes of secretHash; names the key in gossip messages. */
+  kid: string;
   version: number;
   clientId: string;
   secretHash: Buffer;
@@ -43,6 +50,11 @@ export interface ClusterSecretRecord {
   rotatedAt: string;
   /** null for the current secret; the grace deadline for a rotated-out one. */
   validUntil: string | null;
+  /**
+   * Part of the replicated credential record. false for a key this agent keeps on its own for
+   * a grace period after its cluster merged into another (its former cluster mates still use it).
+   */
+  replicated: boolean;
 }
 
 export type TransportType = 'tcp' | 'kcp';
@@ -60,6 +72,7 @@ export interface ServiceRecord {
   version: number;
   createdAt: string;
   updatedAt: string;
+  vkey: string;
 }
 
 export interface RouteRecord {
@@ -71,4 +84,13 @@ export interface RouteRecord {
   version: number;
   createdAt: string;
   updatedAt: string;
+  vkey: string;
+}
+
+/** A deleted record (or removed peer), kept so that gossip never brings it back. */
+export interface TombstoneRecord {
+  key: string;
+  vkey: string;
+  /** Local milliseconds when this agent learned of the deletion. */
+  arrivedAt: number;
 }

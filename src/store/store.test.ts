@@ -17,6 +17,7 @@ const peer = (id: string): PeerRecord => ({
   deactivatedAt: null,
   createdAt: T,
   updatedAt: T,
+  vkey: '',
 });
 const open = () => new Store(join(mkdtempSync(join(tmpdir(), 'store-')), 'db'));
 
@@ -69,6 +70,7 @@ describe('Store reads from its snapshot', () => {
       version: 1,
       createdAt: T,
       updatedAt: T,
+      vkey: '',
     });
     s.insertRoute({
       id: 7,
@@ -79,6 +81,7 @@ describe('Store reads from its snapshot', () => {
       version: 1,
       createdAt: T,
       updatedAt: T,
+      vkey: '',
     });
     assert.equal(s.routeCount('svc'), 1);
     assert.equal(s.serviceIdForPair('a', 'b'), 'svc');

@@ -12,6 +12,7 @@ import type {
   PeerRecord,
   RouteRecord,
   ServiceRecord,
+  TombstoneRecord,
   TransportType,
 } from './records.js';
 
@@ -25,6 +26,7 @@ interface PeerRow {
   deactivated_at: string | null;
   created_at: string;
   updated_at: string;
+  vkey: string;
 }
 
 interface ServiceRow {
@@ -40,6 +42,7 @@ interface ServiceRow {
   version: number;
   created_at: string;
   updated_at: string;
+  vkey: string;
 }
 
 interface RouteRow {
@@ -51,6 +54,7 @@ interface RouteRow {
   version: number;
   created_at: string;
   updated_at: string;
+  vkey: string;
 }
 
 interface CredentialRow {
@@ -63,12 +67,14 @@ interface CredentialRow {
 }
 
 interface ClusterSecretRow {
+  kid: string;
   version: number;
   client_id: string;
   secret_hash: Buffer;
   rotated_by: string;
   rotated_at: string;
   valid_until: string | null;
+  replicated: number;
 }
 
 const toPeer = (r: PeerRow): PeerRecord => ({
@@ -81,6 +87,7 @@ const toPeer = (r: PeerRow): PeerRecord => ({
   deactivatedAt: r.deactivated_at,
   createdAt: r.created_at,
   updatedAt: r.updated_at,
+  vkey: r.vkey,
 });
 
 const toService = (r: ServiceRow): ServiceRecord => ({
@@ -96,6 +103,7 @@ const toService = (r: ServiceRow): ServiceRecord => ({
   version: r.version,
   createdAt: r.created_at,
   updatedAt: r.updated_at,
+  vkey: r.vkey,
 });
 
 const serviceParams = (s: ServiceRecord) => ({
@@ -113,6 +121,7 @@ const toRoute = (r: RouteRow): RouteRecord => ({
   version: r.version,
   createdAt: r.created_at,
   updatedAt: r.updated_at,
+  vkey: r.vkey,
 });
 
 export interface ServiceFilter {
@@ -131,12 +140,14 @@ const toCredential = (r: CredentialRow): CredentialRecord => ({
 });
 
 const toClusterSecret = (r: ClusterSecretRow): ClusterSecretRecord => ({
+  kid: r.kid,
   version: r.version,
   clientId: r.client_id,
   secretHash: r.secret_hash,
   rotatedBy: r.rotated_by,
   rotatedAt: r.rotated_at,
   validUntil: r.valid_until,
+  replicated: r.replicated === 1,
 });
 
 /** The configuration as of the last write: see Store.snap(). */
@@ -152,6 +163,7 @@ interface Snapshot {
   routesByService: Map<string, RouteRecord[]>;
   routeById: Map<number, RouteRecord>;
   credentials: Map<string, CredentialRecord>;
+  tombstones: Map<string, TombstoneRecord>;
 }
 
 export interface BootstrapRecords {
@@ -166,6 +178,7 @@ export class Store {
   private readonly stmts;
   private snapshot: Snapshot | undefined;
   private writes = 0;
+  private readonly writeListeners: (() => void)[] = [];
 
   constructor(file: string) {
     this.db = openDatabase(file);
@@ -175,8 +188,9 @@ export class Store {
       state: db.prepare('SELECT * FROM agent_state WHERE singleton = 1'),
       insertState: db.prepare(
         `INSERT INTO agent_state (singleton, license_json, license_id, customer_id, issued_at, expires_at,
-           max_nodes, max_services, local_peer_id, cluster_id, description, bootstrapped_at, cluster_created_by)
-         VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+           max_nodes, max_services, local_peer_id, cluster_id, description, bootstrapped_at, cluster_created_by,
+           cluster_vkey, credential_vkey)
+         VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
       ),
       peerById: db.prepare('SELECT * FROM peers WHERE id = ?'),
       credentialById: db.prepare('SELECT * FROM credentials WHERE client_id = ?'),
@@ -190,50 +204,96 @@ export class Store {
       ),
       deleteCredential: db.prepare('DELETE FROM credentials WHERE client_id = ?'),
       touchCredential: db.prepare('UPDATE credentials SET last_used_at = ? WHERE client_id = ?'),
-      clusterSecrets: db.prepare('SELECT * FROM cluster_secrets ORDER BY version DESC'),
-      insertClusterSecret: db.prepare(
-        `INSERT INTO cluster_secrets (version, client_id, secret_hash, rotated_by, rotated_at, valid_until)
-         VALUES (@version, @clientId, @secretHash, @rotatedBy, @rotatedAt, @validUntil)`,
+      // The current key first: replicated and without an end; then the newest.
+      clusterSecrets: db.prepare(
+        `SELECT * FROM cluster_keys
+         ORDER BY (valid_until IS NULL AND replicated = 1) DESC, replicated DESC, version DESC, rotated_at DESC`,
       ),
-      retireClusterSecret: db.prepare('UPDATE cluster_secrets SET valid_until = ? WHERE version = ?'),
+      upsertClusterSecret: db.prepare(
+        `INSERT INTO cluster_keys (kid, version, client_id, secret_hash, rotated_by, rotated_at, valid_until, replicated)
+         VALUES (@kid, @version, @clientId, @secretHash, @rotatedBy, @rotatedAt, @validUntil, @replicated)
+         ON CONFLICT (kid) DO UPDATE SET version = excluded.version, client_id = excluded.client_id,
+           rotated_by = excluded.rotated_by, rotated_at = excluded.rotated_at,
+           valid_until = excluded.valid_until, replicated = excluded.replicated`,
+      ),
+      retireClusterSecret: db.prepare('UPDATE cluster_keys SET valid_until = ? WHERE kid = ?'),
+      demoteClusterSecrets: db.prepare(
+        `UPDATE cluster_keys SET replicated = 0,
+           valid_until = CASE WHEN valid_until IS NULL OR valid_until > @until THEN @until ELSE valid_until END
+         WHERE replicated = 1`,
+      ),
+      deleteExpiredClusterSecrets: db.prepare(
+        'DELETE FROM cluster_keys WHERE valid_until IS NOT NULL AND valid_until < ?',
+      ),
+      setCredentialVkey: db.prepare('UPDATE agent_state SET credential_vkey = ? WHERE singleton = 1'),
       updatePeer: db.prepare(
         `UPDATE peers SET name = @name, address = @address, is_active = @isActive, version = @version,
-           deactivated_at = @deactivatedAt, updated_at = @updatedAt WHERE id = @id`,
+           deactivated_at = @deactivatedAt, updated_at = @updatedAt, vkey = @vkey WHERE id = @id`,
       ),
+      upsertPeer: db.prepare(
+        `INSERT INTO peers (id, name, public_key, address, is_active, version, deactivated_at, created_at, updated_at, vkey)
+         VALUES (@id, @name, @publicKey, @address, @isActive, @version, @deactivatedAt, @createdAt, @updatedAt, @vkey)
+         ON CONFLICT (id) DO UPDATE SET name = excluded.name, address = excluded.address,
+           is_active = excluded.is_active, version = excluded.version, deactivated_at = excluded.deactivated_at,
+           created_at = excluded.created_at, updated_at = excluded.updated_at, vkey = excluded.vkey`,
+      ),
+      upsertService: db.prepare(
+        `INSERT INTO services (id, source_peer_id, target_peer_id, transport_type, requires_interface,
+           desired_ipv4_cidr, desired_ipv6_cidr, fully_transparent, bandwidth_limit_mbps, version, created_at, updated_at, vkey)
+         VALUES (@id, @sourcePeerId, @targetPeerId, @transportType, @requiresInterface, @desiredIpv4Cidr,
+           @desiredIpv6Cidr, @fullyTransparent, @bandwidthLimitMbps, @version, @createdAt, @updatedAt, @vkey)
+         ON CONFLICT (id) DO UPDATE SET requires_interface = excluded.requires_interface,
+           desired_ipv4_cidr = excluded.desired_ipv4_cidr, desired_ipv6_cidr = excluded.desired_ipv6_cidr,
+           bandwidth_limit_mbps = excluded.bandwidth_limit_mbps, version = excluded.version,
+           created_at = excluded.created_at, updated_at = excluded.updated_at, vkey = excluded.vkey`,
+      ),
+      upsertRoute: db.prepare(
+        `INSERT INTO routes (id, service_id, priority, source_cidr, dest_cidr, version, created_at, updated_at, vkey)
+         VALUES (@id, @serviceId, @priority, @sourceCidr, @destCidr, @version, @createdAt, @updatedAt, @vkey)
+         ON CONFLICT (id) DO UPDATE SET priority = excluded.priority, source_cidr = excluded.source_cidr,
+           dest_cidr = excluded.dest_cidr, version = excluded.version, created_at = excluded.created_at,
+           updated_at = excluded.updated_at, vkey = excluded.vkey`,
+      ),
+      tombstones: db.prepare('SELECT * FROM tombstones'),
+      putTombstone: db.prepare(
+        `INSERT INTO tombstones (key, vkey, arrived_at) VALUES (@key, @vkey, @arrivedAt)
+         ON CONFLICT (key) DO UPDATE SET vkey = excluded.vkey, arrived_at = excluded.arrived_at`,
+      ),
+      deleteTombstone: db.prepare('DELETE FROM tombstones WHERE key = ?'),
       deletePeer: db.prepare('DELETE FROM peers WHERE id = ?'),
       activePeerIds: db.prepare('SELECT id FROM peers WHERE is_active = 1'),
       setCluster: db.prepare(
-        'UPDATE agent_state SET cluster_id = ?, cluster_created_by = ? WHERE singleton = 1',
+        'UPDATE agent_state SET cluster_id = ?, cluster_created_by = ?, cluster_vkey = ? WHERE singleton = 1',
       ),
       serviceById: db.prepare('SELECT * FROM services WHERE id = ?'),
       servicePair: db.prepare('SELECT id FROM services WHERE source_peer_id = ? AND target_peer_id = ?'),
       serviceCount: db.prepare('SELECT count(*) AS n FROM services'),
       insertService: db.prepare(
         `INSERT INTO services (id, source_peer_id, target_peer_id, transport_type, requires_interface,
-           desired_ipv4_cidr, desired_ipv6_cidr, fully_transparent, bandwidth_limit_mbps, version, created_at, updated_at)
+           desired_ipv4_cidr, desired_ipv6_cidr, fully_transparent, bandwidth_limit_mbps, version, created_at, updated_at, vkey)
          VALUES (@id, @sourcePeerId, @targetPeerId, @transportType, @requiresInterface, @desiredIpv4Cidr,
-           @desiredIpv6Cidr, @fullyTransparent, @bandwidthLimitMbps, @version, @createdAt, @updatedAt)`,
+           @desiredIpv6Cidr, @fullyTransparent, @bandwidthLimitMbps, @version, @createdAt, @updatedAt, @vkey)`,
       ),
       updateService: db.prepare(
         `UPDATE services SET requires_interface = @requiresInterface, desired_ipv4_cidr = @desiredIpv4Cidr,
            desired_ipv6_cidr = @desiredIpv6Cidr, bandwidth_limit_mbps = @bandwidthLimitMbps,
-           version = @version, updated_at = @updatedAt WHERE id = @id`,
+           version = @version, updated_at = @updatedAt, vkey = @vkey WHERE id = @id`,
       ),
       deleteService: db.prepare('DELETE FROM services WHERE id = ?'),
       routesOf: db.prepare('SELECT * FROM routes WHERE service_id = ? ORDER BY priority, id'),
       routeById: db.prepare('SELECT * FROM routes WHERE id = ?'),
       insertRoute: db.prepare(
-        `INSERT INTO routes (id, service_id, priority, source_cidr, dest_cidr, version, created_at, updated_at)
-         VALUES (@id, @serviceId, @priority, @sourceCidr, @destCidr, @version, @createdAt, @updatedAt)`,
+        `INSERT INTO routes (id, service_id, priority, source_cidr, dest_cidr, version, created_at, updated_at, vkey)
+         VALUES (@id, @serviceId, @priority, @sourceCidr, @destCidr, @version, @createdAt, @updatedAt, @vkey)`,
       ),
       updateRoute: db.prepare(
         `UPDATE routes SET priority = @priority, source_cidr = @sourceCidr, dest_cidr = @destCidr,
-           version = @version, updated_at = @updatedAt WHERE id = @id`,
+           version = @version, updated_at = @updatedAt, vkey = @vkey WHERE id = @id`,
       ),
       deleteRoute: db.prepare('DELETE FROM routes WHERE id = ?'),
       insertPeer: db.prepare(
-        `INSERT INTO peers (id, name, public_key, address, is_active, version, deactivated_at, created_at, updated_at)
-         VALUES (@id, @name, @publicKey, @address, @isActive, @version, @deactivatedAt, @createdAt, @updatedAt)`,
+        `INSERT INTO peers (id, name, public_key, address, is_active, version, deactivated_at, created_at, updated_at, vkey)
+         VALUES (@id, @name, @publicKey, @address, @isActive, @version, @deactivatedAt, @createdAt, @updatedAt, @vkey)`,
       ),
     };
   }
@@ -250,7 +310,20 @@ export class Store {
       // Committed or rolled back, a snapshot taken meanwhile may not be what is stored.
       this.snapshot = undefined;
       this.writes++;
+      this.notifyWrite();
     }
+  }
+
+  /**
+   * Called after every write (for writes inside a transaction, also after it ends): gossip
+   * pushes what changed. Listeners must not write synchronously.
+   */
+  onWrite(listener: () => void): void {
+    this.writeListeners.push(listener);
+  }
+
+  private notifyWrite(): void {
+    for (const l of this.writeListeners) l();
   }
 
   /**
@@ -284,18 +357,26 @@ export class Store {
         routesByService,
         routeById: new Map(routes.map((r) => [r.id, r])),
         credentials: new Map(credentials.map((c) => [c.clientId, c])),
+        tombstones: new Map(
+          (this.stmts.tombstones.all() as { key: string; vkey: string; arrived_at: number }[]).map((t) => [
+            t.key,
+            { key: t.key, vkey: t.vkey, arrivedAt: t.arrived_at },
+          ]),
+        ),
       };
     }
     return this.snapshot;
   }
 
   /** Every write goes through here, so no snapshot outlives a change. */
-  private write<T>(fn: () => T): T {
+  private write<T>(fn: () => T, replicated = true): T {
     try {
       return fn();
     } finally {
       this.snapshot = undefined;
       this.writes++;
+      // API credentials are local to the agent (DECISIONS §5): nothing for gossip to do.
+      if (replicated) this.notifyWrite();
     }
   }
 
@@ -322,6 +403,8 @@ export class Store {
           description: string;
           bootstrapped_at: string;
           cluster_created_by: string;
+          cluster_vkey: string;
+          credential_vkey: string;
         }
       | undefined;
     if (!row) return undefined;
@@ -332,6 +415,8 @@ export class Store {
       description: row.description,
       bootstrappedAt: row.bootstrapped_at,
       clusterCreatedBy: row.cluster_created_by,
+      clusterVkey: row.cluster_vkey,
+      credentialVkey: row.credential_vkey,
     };
   }
 
@@ -352,6 +437,8 @@ export class Store {
         state.description,
         state.bootstrappedAt,
         state.clusterCreatedBy,
+        state.clusterVkey,
+        state.credentialVkey,
       );
       this.insertPeer(localPeer);
       this.insertCredential(firstCredential);
@@ -359,8 +446,8 @@ export class Store {
     });
   }
 
-  setCluster(clusterId: string, createdBy: string): void {
-    this.write(() => this.stmts.setCluster.run(clusterId, createdBy));
+  setCluster(clusterId: string, createdBy: string, vkey: string): void {
+    this.write(() => this.stmts.setCluster.run(clusterId, createdBy, vkey));
   }
 
   // --- peers -------------------------------------------------------------------------------
@@ -388,6 +475,11 @@ export class Store {
   /** Writes every field of the peer except id, public key and created_at. */
   updatePeer(p: PeerRecord): void {
     this.write(() => this.stmts.updatePeer.run({ ...p, isActive: p.isActive ? 1 : 0 }));
+  }
+
+  /** Inserts or overwrites a peer received by gossip (public key and id never change). */
+  upsertPeer(p: PeerRecord): void {
+    this.write(() => this.stmts.upsertPeer.run({ ...p, isActive: p.isActive ? 1 : 0 }));
   }
 
   /** Deletes the peer and, by cascade, every service (and its routes) that involves it. */
@@ -434,6 +526,11 @@ export class Store {
     this.write(() => this.stmts.insertService.run(serviceParams(s)));
   }
 
+  /** Inserts or overwrites a service received by gossip (its peers never change). */
+  upsertService(s: ServiceRecord): void {
+    this.write(() => this.stmts.upsertService.run(serviceParams(s)));
+  }
+
   /** Writes the fields PUT may change, plus version and updated_at. */
   updateService(s: ServiceRecord): void {
     this.write(() => this.stmts.updateService.run(serviceParams(s)));
@@ -462,6 +559,10 @@ export class Store {
     this.write(() => this.stmts.insertRoute.run(r));
   }
 
+  upsertRoute(r: RouteRecord): void {
+    this.write(() => this.stmts.upsertRoute.run(r));
+  }
+
   updateRoute(r: RouteRecord): void {
     this.write(() => this.stmts.updateRoute.run(r));
   }
@@ -486,16 +587,16 @@ export class Store {
   }
 
   insertCredential(c: CredentialRecord): void {
-    this.write(() => this.stmts.insertCredential.run({ ...c, scopes: JSON.stringify(c.scopes) }));
+    this.write(() => this.stmts.insertCredential.run({ ...c, scopes: JSON.stringify(c.scopes) }), false);
   }
 
   /** Returns false when there was no such credential. */
   deleteCredential(clientId: string): boolean {
-    return this.write(() => this.stmts.deleteCredential.run(clientId).changes === 1);
+    return this.write(() => this.stmts.deleteCredential.run(clientId).changes === 1, false);
   }
 
   touchCredential(clientId: string, at: string): void {
-    this.write(() => this.stmts.touchCredential.run(at, clientId));
+    this.write(() => this.stmts.touchCredential.run(at, clientId), false);
   }
 
   // --- cluster credential ------------------------------------------------------------------
@@ -506,14 +607,62 @@ export class Store {
   }
 
   insertClusterSecret(s: ClusterSecretRecord): void {
-    this.write(() => this.stmts.insertClusterSecret.run(s));
+    this.write(() => this.stmts.upsertClusterSecret.run({ ...s, replicated: s.replicated ? 1 : 0 }));
   }
 
   /** Makes `next` current and starts the grace period of the one it replaces, in one transaction. */
-  rotateClusterSecret(next: ClusterSecretRecord, previousVersion: number, graceUntil: string): void {
+  rotateClusterSecret(
+    next: ClusterSecretRecord,
+    previousKid: string,
+    graceUntil: string,
+    vkey: string,
+  ): void {
     this.transaction(() => {
-      this.stmts.retireClusterSecret.run(graceUntil, previousVersion);
+      this.stmts.retireClusterSecret.run(graceUntil, previousKid);
       this.insertClusterSecret(next);
+      this.stmts.setCredentialVkey.run(vkey);
     });
+  }
+
+  /**
+   * Adopts a credential record received by gossip: its keys become the replicated set; keys of
+   * ours that it does not hold stay usable on this agent alone until `localGraceUntil` (after a
+   * merge, our former cluster mates keep using them until gossip reaches them).
+   */
+  adoptClusterSecrets(keys: readonly ClusterSecretRecord[], vkey: string, localGraceUntil: string): void {
+    this.write(() => {
+      this.stmts.demoteClusterSecrets.run({ until: localGraceUntil });
+      for (const k of keys) this.stmts.upsertClusterSecret.run({ ...k, replicated: 1 });
+      this.stmts.setCredentialVkey.run(vkey);
+    });
+  }
+
+  /** Forgets keys whose grace period ended before `before`. */
+  deleteExpiredClusterSecrets(before: string): number {
+    return this.write(() => this.stmts.deleteExpiredClusterSecrets.run(before).changes);
+  }
+
+  setCredentialVkey(vkey: string): void {
+    this.write(() => this.stmts.setCredentialVkey.run(vkey));
+  }
+
+  // --- tombstones --------------------------------------------------------------------------
+
+  tombstones(): ReadonlyMap<string, TombstoneRecord> {
+    if (!this.db.inTransaction) return this.snap().tombstones;
+    return new Map(
+      (this.stmts.tombstones.all() as { key: string; vkey: string; arrived_at: number }[]).map((t) => [
+        t.key,
+        { key: t.key, vkey: t.vkey, arrivedAt: t.arrived_at },
+      ]),
+    );
+  }
+
+  putTombstone(t: TombstoneRecord): void {
+    this.write(() => this.stmts.putTombstone.run(t));
+  }
+
+  deleteTombstone(key: string): boolean {
+    return this.write(() => this.stmts.deleteTombstone.run(key).changes === 1);
   }
 }

@@ -269,6 +269,7 @@ describe('peer handshake refusals', () => {
       oldest_peer_id: peerId,
       oldest_peer_created_at: '1970-01-01T00:00:00.000Z',
       active_peer_ids: [],
+      service_count: 0,
     });
     const otherVendor = makeVendor();
     const forgedLicenses = [

@@ -105,8 +105,8 @@ export function registerClusterRoutes(app: FastifyInstance, deps: AppDeps): void
       },
     },
     async (request) => {
-      deps.sync();
-      request.log.info('sync triggered');
+      await deps.sync();
+      request.log.info('sync done: heartbeats and anti-entropy with every reachable peer');
       return { triggered: true };
     },
   );

@@ -35,7 +35,7 @@ export function registerPeerRoutes(app: FastifyInstance, deps: AppDeps): void {
     async (request) => {
       const { is_local } = request.query as { is_local?: boolean };
       const local = localId();
-      const peers = deps.store.peers().map((p) => peerView(p, local));
+      const peers = deps.store.peers().map((p) => peerView(p, local, deps.liveness(p.id)));
       return is_local === undefined ? peers : peers.filter((p) => p.is_local === is_local);
     },
   );
@@ -55,7 +55,7 @@ export function registerPeerRoutes(app: FastifyInstance, deps: AppDeps): void {
       const { id } = request.params as { id: string };
       const peer = deps.store.peer(id);
       if (!peer) throw notFound(`no peer with id ${id}`);
-      return peerView(peer, localId());
+      return peerView(peer, localId(), deps.liveness(peer.id));
     },
   );
 
@@ -73,7 +73,7 @@ export function registerPeerRoutes(app: FastifyInstance, deps: AppDeps): void {
     async (request, reply) => {
       const peer = await deps.peers.add((request.body as { address: string }).address);
       request.log.info({ peer_id: peer.id, address: peer.address }, 'peer added');
-      return reply.code(201).send(peerView(peer, localId()));
+      return reply.code(201).send(peerView(peer, localId(), deps.liveness(peer.id)));
     },
   );
 
@@ -91,7 +91,10 @@ export function registerPeerRoutes(app: FastifyInstance, deps: AppDeps): void {
     },
     async (request) => {
       const { id } = request.params as { id: string };
-      return peerView(deps.peers.rename(id, (request.body as { name?: string }).name), localId());
+      return (() => {
+        const peer = deps.peers.rename(id, (request.body as { name?: string }).name);
+        return peerView(peer, localId(), deps.liveness(peer.id));
+      })();
     },
   );
 

@@ -134,7 +134,7 @@ export function registerServiceRoutes(app: FastifyInstance, deps: AppDeps): void
       },
     },
     async (request, reply) => {
-      const created = services.create(request.body as ServiceCreate);
+      const created = await services.create(request.body as ServiceCreate);
       request.log.info({ service_id: created.id }, 'service created');
       return reply.code(201).send(serviceCreatedView(created));
     },

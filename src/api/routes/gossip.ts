@@ -1,0 +1,32 @@
+/**
+ * POST /internal/v1/gossip: agent-to-agent gossip (docs/gossip.md). No OAuth token: every
+ * message is an envelope signed by a member's Ed25519 key and MACed with a live cluster key,
+ * checked by cluster/gossip.ts before anything is read; a refused message changes nothing and
+ * is counted in mesh_gossip_rejected_total.
+ */
+import type { FastifyInstance } from 'fastify';
+import type { AppDeps } from '../app.js';
+import { GossipEnvelopeSchema } from '../schemas.js';
+
+/** A full state transfer is the largest message: a license's worth of records. */
+const GOSSIP_BODY_LIMIT_BYTES = 16 * 1024 * 1024;
+
+export function registerGossipRoutes(app: FastifyInstance, deps: AppDeps): void {
+  app.post(
+    '/internal/v1/gossip',
+    {
+      bodyLimit: GOSSIP_BODY_LIMIT_BYTES,
+      schema: {
+        tags: ['internal'],
+        summary: 'Gossip between agents: signed and MACed envelopes, no token',
+        body: GossipEnvelopeSchema,
+      },
+      // Probes arrive every interval from every peer: logging each would drown the log.
+      logLevel: 'warn',
+    },
+    async (request, reply) => {
+      const answer = await deps.gossip(request.body);
+      return reply.code(answer.status).send(answer.body);
+    },
+  );
+}

@@ -1,0 +1,212 @@
+/**
+ * Cluster-wide limits (DECISIONS §5): max_nodes and max_services hold even when two agents take
+ * writes at the same moment, because every new service and every join is first admitted by one
+ * agent, the allocator: the oldest active peer (by created_at, then peer id), which every agent
+ * names alike from the replicated peers. The allocator counts what its own store holds plus the
+ * admissions it granted that gossip has not brought back yet (reservations, kept 30 s), and
+ * decides one request at a time (one event loop), so of two racing creates at max − 1 exactly one
+ * gets through.
+ *
+ * In a partition, the side that cannot reach the allocator gets 503 UNAVAILABLE for new services
+ * and joins; everything else (updates, deletes, routes, reads) keeps working on both sides.
+ * Safety over availability: a cluster whose oldest peer is dead for good must remove it
+ * (DELETE /v1/peers/{id}) to move the allocator to the next oldest.
+ *
+ * Known window: reservations live in memory. If the allocator is killed between granting an
+ * admission and receiving the new record by gossip (milliseconds: the creator pushes it at
+ * once), a second creator could be admitted past the limit.
+ */
+import type { Clock } from '../domain/clock.js';
+import { ApiError, type ErrorCode } from '../domain/errors.js';
+import type { PeerRecord, ServiceRecord } from '../store/records.js';
+import type { Store } from '../store/store.js';
+
+export const RESERVATION_TTL_MS = 30_000;
+
+export interface Admission {
+  /** Admits a new service cluster-wide before it is written; throws the API error otherwise. */
+  admitService(service: ServiceRecord): Promise<void>;
+  /** Admits peers about to join (the other side's active peers) before the handshake ends. */
+  admitPeers(peerIds: readonly string[]): Promise<void>;
+}
+
+/** What travels to the allocator and back (inside an authenticated gossip request). */
+export type AdmissionRequest =
+  | { kind: 'service'; id: string; source_peer_id: string; target_peer_id: string }
+  | { kind: 'peers'; ids: string[] };
+
+export type AdmissionAnswer = { granted: true } | { granted: false; code: ErrorCode; error: string };
+
+/** Sends an admission request to the allocator peer; rejects when it cannot be reached. */
+export type AdmissionCall = (allocator: PeerRecord, request: AdmissionRequest) => Promise<AdmissionAnswer>;
+
+interface Reservation {
+  kind: 'service' | 'peer';
+  pair?: string;
+  expiresAt: number;
+}
+
+const ANSWER_CODES: ReadonlySet<string> = new Set([
+  'SERVICE_LIMIT_EXCEEDED',
+  'NODE_LIMIT_EXCEEDED',
+  'ALREADY_EXISTS',
+]);
+
+export class Allocator implements Admission {
+  private readonly reservations = new Map<string, Reservation>();
+  private call: AdmissionCall | undefined;
+
+  constructor(
+    private readonly store: Store,
+    private readonly localPeerId: string,
+    private readonly clock: Clock,
+  ) {}
+
+  /** The gossip engine provides the transport once it exists (it needs the allocator too). */
+  connect(call: AdmissionCall): void {
+    this.call = call;
+  }
+
+  /** The oldest active peer: the same answer on every agent that holds the same peers. */
+  allocator(): PeerRecord | undefined {
+    let oldest: PeerRecord | undefined;
+    for (const p of this.store.peers()) {
+      if (!p.isActive) continue;
+      if (
+        !oldest ||
+        p.createdAt < oldest.createdAt ||
+        (p.createdAt === oldest.createdAt && p.id < oldest.id)
+      ) {
+        oldest = p;
+      }
+    }
+    return oldest;
+  }
+
+  async admitService(s: ServiceRecord): Promise<void> {
+    await this.admit({
+      kind: 'service',
+      id: s.id,
+      source_peer_id: s.sourcePeerId,
+      target_peer_id: s.targetPeerId,
+    });
+  }
+
+  async admitPeers(peerIds: readonly string[]): Promise<void> {
+    await this.admit({ kind: 'peers', ids: [...peerIds] });
+  }
+
+  private async admit(request: AdmissionRequest): Promise<void> {
+    const allocator = this.allocator();
+    if (!allocator || allocator.id === this.localPeerId) {
+      this.decide(request);
+      return;
+    }
+    if (!this.call) throw new ApiError('UNAVAILABLE', 'the cluster allocator cannot be reached yet');
+    let answer: AdmissionAnswer;
+    try {
+      answer = await this.call(allocator, request);
+    } catch (err) {
+      throw new ApiError(
+        'UNAVAILABLE',
+        `the cluster's allocator (peer ${allocator.id} at ${allocator.address}) cannot be reached, so the ` +
+          `license limits cannot be checked cluster-wide: ${(err as Error).message}`,
+      );
+    }
+    if (!answer.granted) {
+      const code = ANSWER_CODES.has(answer.code) ? answer.code : 'UNAVAILABLE';
+      throw new ApiError(code, String(answer.error).slice(0, 300));
+    }
+  }
+
+  /** The allocator's decision (on this agent): grants and reserves, or throws the API error. */
+  decide(request: AdmissionRequest): void {
+    const state = this.store.agentState();
+    if (!state) throw new ApiError('UNAVAILABLE', 'the allocator is not bootstrapped');
+    this.prune();
+    if (request.kind === 'service') {
+      const pair = `${request.source_peer_id} ${request.target_peer_id}`;
+      const reservedPair = [...this.reservations].some(
+        ([id, r]) => r.pair === pair && id !== request.id && !this.store.service(id),
+      );
+      if (this.store.serviceIdForPair(request.source_peer_id, request.target_peer_id) || reservedPair) {
+        throw new ApiError(
+          'ALREADY_EXISTS',
+          'a service from this source peer to this target peer already exists',
+        );
+      }
+      const pending = [...this.reservations].filter(
+        ([id, r]) => r.kind === 'service' && id !== request.id && !this.store.service(id),
+      ).length;
+      const max = state.license.max_services;
+      if (this.store.serviceCount() + pending >= max) {
+        throw new ApiError(
+          'SERVICE_LIMIT_EXCEEDED',
+          `the license allows ${max} services and the cluster has that many (counted by its allocator)`,
+        );
+      }
+      this.reservations.set(request.id, {
+        kind: 'service',
+        pair,
+        expiresAt: this.clock.now() + RESERVATION_TTL_MS,
+      });
+      return;
+    }
+    const active = new Set(this.store.activePeerIds());
+    for (const [id, r] of this.reservations) if (r.kind === 'peer') active.add(id);
+    for (const id of request.ids) active.add(id);
+    const max = state.license.max_nodes;
+    if (active.size > max) {
+      throw new ApiError(
+        'NODE_LIMIT_EXCEEDED',
+        `joining would make ${active.size} active peers; the license allows ${max} (counted by the allocator)`,
+      );
+    }
+    for (const id of request.ids) {
+      if (!this.store.peer(id)) {
+        this.reservations.set(id, { kind: 'peer', expiresAt: this.clock.now() + RESERVATION_TTL_MS });
+      }
+    }
+  }
+
+  /** Answers a request from another agent, as the allocator. */
+  answer(request: AdmissionRequest): AdmissionAnswer {
+    try {
+      const self = this.allocator();
+      if (self && self.id !== this.localPeerId) {
+        return {
+          granted: false,
+          code: 'UNAVAILABLE',
+          error: `this agent is not the allocator; ${self.id} is`,
+        };
+      }
+      this.decide(request);
+      return { granted: true };
+    } catch (err) {
+      if (err instanceof ApiError) return { granted: false, code: err.code, error: err.message };
+      throw err;
+    }
+  }
+
+  private prune(): void {
+    const now = this.clock.now();
+    for (const [id, r] of this.reservations) {
+      const landed = r.kind === 'service' ? this.store.service(id) : this.store.peer(id);
+      if (r.expiresAt <= now || landed) this.reservations.delete(id);
+    }
+  }
+}
+
+export function isAdmissionRequest(v: unknown): v is AdmissionRequest {
+  const o = v as Record<string, unknown>;
+  if (typeof o !== 'object' || o === null) return false;
+  if (o.kind === 'service') {
+    return ['id', 'source_peer_id', 'target_peer_id'].every((k) => typeof o[k] === 'string');
+  }
+  return (
+    o.kind === 'peers' &&
+    Array.isArray(o.ids) &&
+    o.ids.length <= 10_000 &&
+    o.ids.every((x) => typeof x === 'string')
+  );
+}

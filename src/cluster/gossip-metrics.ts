@@ -1,0 +1,66 @@
+/**
+ * Prometheus metrics of gossip, registered in the agent's own registry (DECISIONS §7): messages
+ * and bytes by type and direction, refused messages by reason (the counter that shows forged,
+ * replayed, stale or unauthorized gossip), records merged, and peers by liveness.
+ */
+import { Counter, Gauge, type Registry } from 'prom-client';
+
+export class GossipMetrics {
+  readonly messages: Counter<'type' | 'direction'>;
+  readonly bytes: Counter<'direction'>;
+  readonly rejected: Counter<'reason'>;
+  readonly recordsApplied: Counter;
+  readonly recordsMalformed: Counter;
+  readonly sendFailures: Counter<'type'>;
+  readonly peers: Gauge<'state'>;
+  readonly antiEntropyRounds: Counter;
+
+  constructor(registry: Registry) {
+    const registers = [registry];
+    this.messages = new Counter({
+      name: 'mesh_gossip_messages_total',
+      help: 'Authenticated gossip messages, by type and direction (sent, received).',
+      labelNames: ['type', 'direction'] as const,
+      registers,
+    });
+    this.bytes = new Counter({
+      name: 'mesh_gossip_bytes_total',
+      help: 'Bytes of gossip envelopes, by direction (sent counts requests and replies this agent sealed).',
+      labelNames: ['direction'] as const,
+      registers,
+    });
+    this.rejected = new Counter({
+      name: 'mesh_gossip_rejected_total',
+      help: 'Gossip messages refused and ignored, by reason (bad_signature, bad_mac, replay, stale, ...).',
+      labelNames: ['reason'] as const,
+      registers,
+    });
+    this.recordsApplied = new Counter({
+      name: 'mesh_gossip_records_applied_total',
+      help: 'Replicated records received by gossip that changed this agent’s state.',
+      registers,
+    });
+    this.recordsMalformed = new Counter({
+      name: 'mesh_gossip_records_malformed_total',
+      help: 'Replicated records received from an authenticated peer but refused as malformed.',
+      registers,
+    });
+    this.sendFailures = new Counter({
+      name: 'mesh_gossip_send_failures_total',
+      help: 'Gossip requests that got no valid answer (timeout, refused, unreachable), by type.',
+      labelNames: ['type'] as const,
+      registers,
+    });
+    this.peers = new Gauge({
+      name: 'mesh_gossip_peers',
+      help: 'Active remote peers by liveness as this agent sees them (alive, suspect, dead).',
+      labelNames: ['state'] as const,
+      registers,
+    });
+    this.antiEntropyRounds = new Counter({
+      name: 'mesh_gossip_anti_entropy_total',
+      help: 'Anti-entropy exchanges this agent started (digest, then the missing records).',
+      registers,
+    });
+  }
+}

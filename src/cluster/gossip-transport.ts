@@ -1,0 +1,78 @@
+/**
+ * Carries gossip envelopes to a peer's management port: POST /internal/v1/gossip over HTTP(S)
+ * with kept-alive connections (a probe every interval to every peer would otherwise cost a TCP
+ * handshake each). Bounded: a timeout per request and a cap on the answer's size.
+ */
+import http from 'node:http';
+import https from 'node:https';
+import type { Envelope } from './gossip-envelope.js';
+
+export const GOSSIP_PATH = '/internal/v1/gossip';
+/** Full state transfers are the largest answers: a license's worth of records. */
+const MAX_ANSWER_BYTES = 32 * 1024 * 1024;
+
+export interface GossipReply {
+  status: number;
+  body: unknown;
+}
+
+export interface GossipTransport {
+  post(address: string, envelope: Envelope, timeoutMs: number): Promise<GossipReply>;
+  close(): void;
+}
+
+export class HttpGossipTransport implements GossipTransport {
+  private readonly agent: http.Agent;
+
+  constructor(private readonly scheme: 'http' | 'https') {
+    this.agent =
+      scheme === 'https'
+        ? // Agents authenticate each other by signatures, not by certificates (DECISIONS §5).
+          new https.Agent({ keepAlive: true, maxSockets: 4, rejectUnauthorized: false })
+        : new http.Agent({ keepAlive: true, maxSockets: 4 });
+  }
+
+  post(address: string, envelope: Envelope, timeoutMs: number): Promise<GossipReply> {
+    const body = Buffer.from(JSON.stringify(envelope));
+    const lib = this.scheme === 'https' ? https : http;
+    return new Promise((resolve, reject) => {
+      const req = lib.request(
+        `${this.scheme}://${address}${GOSSIP_PATH}`,
+        {
+          method: 'POST',
+          agent: this.agent,
+          headers: { 'content-type': 'application/json', 'content-length': body.length },
+          timeout: timeoutMs,
+        },
+        (res) => {
+          const chunks: Buffer[] = [];
+          let size = 0;
+          res.on('data', (c: Buffer) => {
+            size += c.length;
+            if (size > MAX_ANSWER_BYTES) req.destroy(new Error('answer too large'));
+            else chunks.push(c);
+          });
+          res.on('end', () => {
+            try {
+              resolve({
+                status: res.statusCode ?? 0,
+                body: JSON.parse(Buffer.concat(chunks).toString('utf8')),
+              });
+            } catch {
+              reject(new Error(`unreadable answer (status ${res.statusCode})`));
+            }
+          });
+          res.on('error', reject);
+        },
+      );
+      const timer = setTimeout(() => req.destroy(new Error(`no answer within ${timeoutMs} ms`)), timeoutMs);
+      req.on('close', () => clearTimeout(timer));
+      req.on('error', reject);
+      req.end(body);
+    });
+  }
+
+  close(): void {
+    this.agent.destroy();
+  }
+}

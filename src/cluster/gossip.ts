@@ -1,0 +1,616 @@
+/**
+ * The gossip engine: the I/O shell around the replica (what the state is), the failure detector
+ * (who is reachable) and the envelope (who sent what). docs/gossip.md describes the protocol.
+ *
+ * Every interval it runs one SWIM probe (failure-detector.ts); the ping and its ack carry the
+ * digest root of each side's replicated state, so two agents notice they differ at the cost of
+ * 43 bytes, and the prober then runs anti-entropy with that peer (digest, records, missing
+ * records). Idle traffic is therefore one probe per interval, whatever the number of records.
+ * Every change of the local state (a local write or records merged from a peer) is pushed at once
+ * to `fanout` random peers, which push on what was new to them (infection-style), so a change
+ * reaches everyone in O(log n) rounds, and anti-entropy repairs whatever a lost push missed.
+ */
+import type { Logger } from 'pino';
+import type { Clock } from '../domain/clock.js';
+import { isoTime } from '../domain/clock.js';
+import type { PeerRecord } from '../store/records.js';
+import type { Store } from '../store/store.js';
+import {
+  type AdmissionAnswer,
+  type AdmissionRequest,
+  type Allocator,
+  isAdmissionRequest,
+} from './allocator.js';
+import type { ClusterCredential, MacKey } from './cluster-credential.js';
+import { FailureDetector, type LivenessRumor } from './failure-detector.js';
+import {
+  type Envelope,
+  NO_KEY,
+  open,
+  type Payload,
+  type RejectReason,
+  ReplayGuard,
+  seal,
+} from './gossip-envelope.js';
+import type { GossipMetrics } from './gossip-metrics.js';
+import type { GossipTransport } from './gossip-transport.js';
+import type { Identity } from './identity.js';
+import type { Replica } from './replica.js';
+import type { WireRecord } from './replicated-records.js';
+
+export interface GossipConfig {
+  /** Heartbeat (probe) interval; default 1000 ms. */
+  intervalMs: number;
+  /** Peers a change is pushed to at once, by its origin and by every agent it was new to. */
+  fanout: number;
+  /** How old (or how far ahead) a message may be; also how long nonces are remembered. */
+  replayWindowMs: number;
+}
+
+export const DEFAULT_GOSSIP_CONFIG: GossipConfig = { intervalMs: 1000, fanout: 3, replayWindowMs: 60_000 };
+
+/** Liveness rumors piggybacked per message, and how many times each is sent (memberlist: 4·log10(n+1)). */
+const RUMORS_PER_MESSAGE = 8;
+const RUMOR_RETRANSMIT_MULT = 4;
+/** Records per push or anti-entropy answer are bounded by the license; this bounds a message. */
+const MAX_RECORDS_PER_MESSAGE = 50_000;
+
+export interface GossipDeps {
+  store: Store;
+  identity: Identity;
+  replica: Replica;
+  credential: ClusterCredential;
+  allocator: Allocator;
+  transport: GossipTransport;
+  clock: Clock;
+  logger: Logger;
+  metrics: GossipMetrics;
+  config: GossipConfig;
+}
+
+/** A reply to the HTTP layer: status and body. 200 bodies are sealed envelopes. */
+export interface HandledMessage {
+  status: number;
+  body: unknown;
+}
+
+/** Test hooks only (--test-hooks): cut this agent off from peers, or lose a share of messages. */
+export interface FaultSwitch {
+  blocked: Set<string>;
+  loss: number;
+}
+
+class GossipRefused extends Error {
+  constructor(readonly reason: string) {
+    super(`refused: ${reason}`);
+  }
+}
+
+export class Gossip {
+  private readonly fd: FailureDetector;
+  private readonly replay = new ReplayGuard();
+  private readonly rumors: { rumor: LivenessRumor; left: number }[] = [];
+  /** The digest entries as of the last push: what changed since is what to push next. */
+  private pushed = new Map<string, string>();
+  private pushScheduled = false;
+  private readonly syncing = new Set<string>();
+  /** When each peer last showed a digest root equal to ours (tombstone collection). */
+  private readonly matchedAt = new Map<string, number>();
+  /** The key each peer last accepted from us: after a merge, not every peer has the newest. */
+  private readonly keyFor = new Map<string, string>();
+  private timer: NodeJS.Timeout | undefined;
+  private round: Promise<void> | undefined;
+  private running = false;
+  private departed = false;
+  private removedLogged = false;
+  readonly faults: FaultSwitch = { blocked: new Set(), loss: 0 };
+
+  constructor(private readonly deps: GossipDeps) {
+    const { identity, clock, config } = deps;
+    this.fd = new FailureDetector(
+      identity.peerId,
+      {
+        ping: (peerId, timeoutMs, suspected) => this.ping(peerId, timeoutMs, suspected),
+        pingReq: (via, target, timeoutMs) => this.pingReq(via, target, timeoutMs),
+        disseminate: (rumor) => this.queueRumor(rumor),
+      },
+      clock,
+      { probeIntervalMs: config.intervalMs },
+    );
+    this.fd.onChange((peerId, from, to) => {
+      deps.logger[to === 'dead' ? 'warn' : 'info']({ peer_id: peerId, from, to }, 'peer liveness changed');
+      this.updatePeerGauge();
+    });
+    deps.allocator.connect((allocator, request) => this.allocate(allocator, request));
+    deps.store.onWrite(() => this.schedulePush());
+  }
+
+  start(): void {
+    if (this.running) return;
+    this.running = true;
+    // An agent that left before this start stays silent; one not yet bootstrapped is not gone.
+    const self = this.self();
+    this.departed = self !== undefined && !self.isActive;
+    this.pushed = new Map(this.deps.replica.digest().entries);
+    this.fd.setMembers(this.otherActiveIds());
+    this.updatePeerGauge();
+    this.timer = setInterval(() => this.tick(), this.deps.config.intervalMs);
+    // A restarted agent catches up at once rather than at its first probe.
+    const first = this.randomPeers(1)[0];
+    if (first) void this.antiEntropy(first).catch(() => undefined);
+  }
+
+  async stop(): Promise<void> {
+    this.running = false;
+    if (this.timer) clearInterval(this.timer);
+    await this.round;
+    this.deps.transport.close();
+  }
+
+  /** Liveness of a remote peer as this agent sees it; the local peer is always reachable. */
+  liveness(peerId: string): { reachable: boolean; lastSeenAt: string | null } {
+    if (peerId === this.deps.identity.peerId)
+      return { reachable: true, lastSeenAt: isoTime(this.deps.clock.now()) };
+    const l = this.fd.liveness(peerId);
+    if (!l) return { reachable: false, lastSeenAt: null };
+    return {
+      reachable: l.state !== 'dead',
+      lastSeenAt: l.lastSeenAt === null ? null : isoTime(l.lastSeenAt),
+    };
+  }
+
+  /** POST /v1/cluster/sync: a heartbeat to every peer and anti-entropy with each, now. */
+  async syncNow(): Promise<void> {
+    await Promise.all(
+      this.otherActivePeers().map(async (p) => {
+        await this.ping(p.id, this.deps.config.intervalMs * 2, false);
+        await this.antiEntropy(p).catch(() => undefined);
+      }),
+    );
+  }
+
+  /** A peer just joined by a handshake: exchange whole states with it now. */
+  joined(peerId: string): void {
+    const peer = this.deps.store.peer(peerId);
+    if (peer) void this.antiEntropy(peer).catch(() => undefined);
+  }
+
+  // --- the periodic round ----------------------------------------------------------------------
+
+  private tick(): void {
+    if (this.round || !this.running) return;
+    this.round = this.runRound().finally(() => {
+      this.round = undefined;
+    });
+  }
+
+  private async runRound(): Promise<void> {
+    const { replica, clock } = this.deps;
+    if (replica.removedFromCluster && !this.removedLogged) {
+      this.removedLogged = true;
+      this.deps.logger.error('another agent removed this one from the cluster; its gossip is refused');
+    }
+    if (this.departed) return;
+    this.fd.setMembers(this.otherActiveIds());
+    await this.fd.probeOnce();
+    this.updatePeerGauge();
+    const now = clock.now();
+    this.replay.prune(now);
+    const others = this.otherActiveIds();
+    replica.collectTombstones((t) => others.every((id) => (this.matchedAt.get(id) ?? 0) >= t));
+  }
+
+  // --- probes ------------------------------------------------------------------------------------
+
+  private async ping(peerId: string, timeoutMs: number, suspected: boolean): Promise<boolean> {
+    const peer = this.deps.store.peer(peerId);
+    if (!peer) return false;
+    const root = this.deps.replica.digest().root;
+    try {
+      const ack = (await this.request(
+        peer,
+        'ping',
+        { root, inc: this.fd.incarnation, suspected, rumors: this.takeRumors() },
+        timeoutMs,
+      )) as { root?: unknown; inc?: unknown; rumors?: unknown };
+      this.fd.heardFrom(peerId, typeof ack.inc === 'number' ? ack.inc : undefined);
+      this.receiveRumors(ack.rumors);
+      if (ack.root === this.deps.replica.digest().root) this.matchedAt.set(peerId, this.deps.clock.now());
+      else if (typeof ack.root === 'string') void this.antiEntropy(peer).catch(() => undefined);
+      return true;
+    } catch {
+      return false;
+    }
+  }
+
+  private async pingReq(via: string, target: string, timeoutMs: number): Promise<boolean> {
+    const peer = this.deps.store.peer(via);
+    if (!peer) return false;
+    try {
+      const answer = (await this.request(
+        peer,
+        'ping-req',
+        { target, timeout_ms: timeoutMs },
+        timeoutMs * 2,
+      )) as {
+        acked?: unknown;
+      };
+      return answer.acked === true;
+    } catch {
+      return false;
+    }
+  }
+
+  // --- dissemination -----------------------------------------------------------------------------
+
+  private queueRumor(rumor: LivenessRumor): void {
+    const n = this.otherActiveIds().length + 1;
+    const left = Math.max(1, Math.ceil(RUMOR_RETRANSMIT_MULT * Math.log10(n + 1)));
+    // A newer rumor about the same peer replaces the older one.
+    const i = this.rumors.findIndex((r) => r.rumor.peer === rumor.peer);
+    if (i >= 0) this.rumors.splice(i, 1);
+    this.rumors.push({ rumor, left });
+  }
+
+  private takeRumors(): LivenessRumor[] {
+    const out: LivenessRumor[] = [];
+    for (const r of this.rumors.slice(0, RUMORS_PER_MESSAGE)) {
+      out.push(r.rumor);
+      r.left--;
+    }
+    for (let i = this.rumors.length - 1; i >= 0; i--) if (this.rumors[i]!.left <= 0) this.rumors.splice(i, 1);
+    return out;
+  }
+
+  private receiveRumors(rumors: unknown): void {
+    if (!Array.isArray(rumors)) return;
+    for (const r of rumors.slice(0, RUMORS_PER_MESSAGE * 2) as LivenessRumor[]) {
+      if (
+        typeof r === 'object' &&
+        r !== null &&
+        (r.kind === 'alive' || r.kind === 'suspect' || r.kind === 'dead') &&
+        typeof r.peer === 'string' &&
+        typeof r.from === 'string' &&
+        Number.isSafeInteger(r.incarnation)
+      ) {
+        if (this.fd.onRumor(r)) this.queueRumor(r);
+      }
+    }
+  }
+
+  private schedulePush(): void {
+    if (this.pushScheduled) return;
+    this.pushScheduled = true;
+    // After the write's transaction: one push per burst of writes.
+    queueMicrotask(() => {
+      this.pushScheduled = false;
+      this.pushChanges();
+    });
+  }
+
+  private pushChanges(): void {
+    if (!this.running) return;
+    const { replica } = this.deps;
+    const entries = replica.digest().entries;
+    const changed: WireRecord[] = [];
+    for (const [key, vkey] of entries) {
+      if (this.pushed.get(key) !== vkey) {
+        const record = replica.record(key);
+        if (record) changed.push(record);
+      }
+    }
+    this.pushed = new Map(entries);
+    if (changed.length === 0) return;
+    const self = this.self();
+    // Leaving is announced to every peer, not a few: it is this agent's last word.
+    const leaving = !this.departed && self !== undefined && !self.isActive;
+    const targets = leaving ? this.otherActivePeers() : this.randomPeers(this.deps.config.fanout);
+    for (const peer of targets) {
+      void this.request(
+        peer,
+        'push',
+        { records: changed, rumors: this.takeRumors() },
+        this.slowTimeout(),
+      ).catch(() => undefined);
+    }
+    if (leaving) {
+      this.departed = true;
+      this.deps.logger.info({ peers: targets.length }, 'deactivation broadcast; this agent gossips no more');
+    }
+  }
+
+  // --- anti-entropy ------------------------------------------------------------------------------
+
+  private async antiEntropy(peer: PeerRecord): Promise<void> {
+    if (this.syncing.has(peer.id) || this.departed) return;
+    this.syncing.add(peer.id);
+    try {
+      this.deps.metrics.antiEntropyRounds.inc();
+      const { replica } = this.deps;
+      const digest = replica.digest();
+      const answer = (await this.request(
+        peer,
+        'digest',
+        { root: digest.root, entries: [...digest.entries] },
+        this.slowTimeout(),
+      )) as { records?: unknown; want?: unknown };
+      if (Array.isArray(answer.records)) this.merge(answer.records.slice(0, MAX_RECORDS_PER_MESSAGE));
+      if (Array.isArray(answer.want) && answer.want.length > 0) {
+        const records = answer.want
+          .slice(0, MAX_RECORDS_PER_MESSAGE)
+          .map((k) => (typeof k === 'string' ? replica.record(k) : undefined))
+          .filter((r): r is WireRecord => r !== undefined);
+        await this.request(peer, 'push', { records, rumors: [] }, this.slowTimeout());
+      }
+    } finally {
+      this.syncing.delete(peer.id);
+    }
+  }
+
+  /** What a peer's digest lacks or holds older, and what it holds newer than we do. */
+  private answerDigest(entries: unknown): { records: WireRecord[]; want: string[] } {
+    const { replica } = this.deps;
+    const theirs = new Map<string, string>();
+    if (Array.isArray(entries)) {
+      for (const e of entries.slice(0, MAX_RECORDS_PER_MESSAGE)) {
+        if (Array.isArray(e) && typeof e[0] === 'string' && typeof e[1] === 'string') theirs.set(e[0], e[1]);
+      }
+    }
+    const mine = replica.digest().entries;
+    const records: WireRecord[] = [];
+    const want: string[] = [];
+    for (const [key, vkey] of mine) {
+      const t = theirs.get(key);
+      if (t === undefined || vkey > t) {
+        const r = replica.record(key);
+        if (r) records.push(r);
+      }
+    }
+    for (const [key, t] of theirs) {
+      const v = mine.get(key) ?? replica.vkeyOf(key);
+      if (v === undefined || t > v) want.push(key);
+      else if (v > t && !mine.has(key)) {
+        // A deletion older than the horizon still beats a record the peer kept alive.
+        const r = replica.record(key);
+        if (r) records.push(r);
+      }
+    }
+    return { records, want };
+  }
+
+  private merge(records: unknown[]): void {
+    const result = this.deps.replica.apply(records);
+    this.deps.metrics.recordsApplied.inc(result.applied.length);
+    if (result.malformed > 0) this.deps.metrics.recordsMalformed.inc(result.malformed);
+    if (result.applied.some((r) => r.key.startsWith('peer/'))) this.fd.setMembers(this.otherActiveIds());
+  }
+
+  // --- allocation --------------------------------------------------------------------------------
+
+  private async allocate(allocator: PeerRecord, request: AdmissionRequest): Promise<AdmissionAnswer> {
+    const answer = (await this.request(allocator, 'allocate', { request }, this.slowTimeout())) as {
+      answer?: AdmissionAnswer;
+    };
+    if (!answer.answer || typeof answer.answer.granted !== 'boolean') throw new Error('malformed answer');
+    return answer.answer;
+  }
+
+  // --- sending -----------------------------------------------------------------------------------
+
+  private slowTimeout(): number {
+    return Math.max(2000, this.deps.config.intervalMs * 2);
+  }
+
+  /**
+   * Sends one request and returns the body of the peer's authenticated reply. Tries the key the
+   * peer last accepted, then the others (after a merge or rotation a peer may know only one of
+   * ours); if the peer knows none of them, proves our identity alone to get the current
+   * credential back (rejoin), then tries once more.
+   */
+  private async request(peer: PeerRecord, type: string, body: unknown, timeoutMs: number): Promise<unknown> {
+    try {
+      return await this.requestWithKeys(peer, type, body, timeoutMs);
+    } catch (err) {
+      if (err instanceof GossipRefused && err.reason === 'unknown_credential' && type !== 'rejoin') {
+        await this.rejoin(peer, timeoutMs);
+        return this.requestWithKeys(peer, type, body, timeoutMs);
+      }
+      this.deps.metrics.sendFailures.labels(type).inc();
+      throw err;
+    }
+  }
+
+  private async requestWithKeys(
+    peer: PeerRecord,
+    type: string,
+    body: unknown,
+    timeoutMs: number,
+  ): Promise<unknown> {
+    const keys = this.deps.credential.macKeys();
+    const preferred = this.keyFor.get(peer.id);
+    keys.sort((a, b) => Number(b.kid === preferred) - Number(a.kid === preferred));
+    let last: unknown = new GossipRefused('unknown_credential');
+    for (const key of keys) {
+      try {
+        const reply = await this.send(peer, type, body, key, timeoutMs);
+        this.keyFor.set(peer.id, key.kid);
+        return reply;
+      } catch (err) {
+        last = err;
+        if (!(err instanceof GossipRefused && err.reason === 'unknown_credential')) throw err;
+      }
+    }
+    throw last;
+  }
+
+  private async rejoin(peer: PeerRecord, timeoutMs: number): Promise<void> {
+    this.deps.logger.warn({ peer_id: peer.id }, 'no cluster key of ours is accepted; rejoining by identity');
+    const answer = (await this.send(peer, 'rejoin', {}, undefined, timeoutMs)) as { records?: unknown };
+    const records = Array.isArray(answer.records) ? answer.records : [];
+    // Only what a rejoin is for: the cluster and its credential.
+    this.merge(
+      records.filter(
+        (r) =>
+          typeof r === 'object' &&
+          r !== null &&
+          ((r as WireRecord).key === 'cluster' || (r as WireRecord).key === 'credential'),
+      ),
+    );
+  }
+
+  private async send(
+    peer: PeerRecord,
+    type: string,
+    body: unknown,
+    key: MacKey | undefined,
+    timeoutMs: number,
+  ): Promise<unknown> {
+    const { identity, clock, transport, metrics } = this.deps;
+    if (this.faults.blocked.has(peer.id) || Math.random() < this.faults.loss) {
+      throw new Error('dropped by the fault switch (test hooks)');
+    }
+    const { envelope, nonce } = seal(identity, { type, to: peer.id, sent_at: clock.now(), body }, key);
+    metrics.messages.labels(type, 'sent').inc();
+    metrics.bytes.labels('sent').inc(envelope.payload.length + 200);
+    const reply = await transport.post(peer.address, envelope, timeoutMs);
+    if (reply.status !== 200) {
+      const reason = (reply.body as { reason?: unknown })?.reason;
+      throw new GossipRefused(typeof reason === 'string' ? reason : `status ${reply.status}`);
+    }
+    if (Math.random() < this.faults.loss) throw new Error('reply dropped by the fault switch (test hooks)');
+    metrics.bytes.labels('received').inc(JSON.stringify(reply.body).length);
+    const opened = this.open(reply.body);
+    if (!opened.ok) throw new Error(`invalid reply: ${opened.reason}`);
+    const p = opened.payload;
+    if (p.from !== peer.id || p.re !== nonce || p.type !== `${type}-reply`) {
+      this.deps.metrics.rejected.labels('malformed').inc();
+      throw new Error('the reply does not answer our request');
+    }
+    this.fd.heardFrom(peer.id);
+    return p.body;
+  }
+
+  // --- receiving ---------------------------------------------------------------------------------
+
+  private open(raw: unknown) {
+    const { store, identity, clock, config, credential, metrics } = this.deps;
+    const opened = open(raw, {
+      localPeerId: identity.peerId,
+      now: clock.now(),
+      windowMs: config.replayWindowMs,
+      sender: (id) => {
+        const p = store.peer(id);
+        return p && { publicKey: p.publicKey, isActive: p.isActive };
+      },
+      macKey: (kid) => credential.macKey(kid),
+      replay: this.replay,
+    });
+    if (!opened.ok) metrics.rejected.labels(opened.reason).inc();
+    return opened;
+  }
+
+  /** POST /internal/v1/gossip. Anything that fails authentication changes nothing. */
+  async handle(raw: unknown): Promise<HandledMessage> {
+    const opened = this.open(raw);
+    if (!opened.ok) return refusal(opened.reason);
+    const p = opened.payload;
+    if (this.faults.blocked.has(p.from)) return { status: 503, body: { reason: 'fault_switch' } };
+    this.deps.metrics.messages.labels(p.type, 'received').inc();
+    this.deps.metrics.bytes.labels('received').inc((raw as Envelope).payload.length + 200);
+    this.fd.heardFrom(p.from);
+    const body = (p.body ?? {}) as Record<string, unknown>;
+    let answer: unknown;
+    switch (p.type) {
+      case 'ping':
+        if (body.suspected === true) this.fd.refuteSuspicion();
+        if (typeof body.inc === 'number') this.fd.heardFrom(p.from, body.inc);
+        this.receiveRumors(body.rumors);
+        answer = {
+          root: this.deps.replica.digest().root,
+          inc: this.fd.incarnation,
+          rumors: this.takeRumors(),
+        };
+        break;
+      case 'ping-req': {
+        const timeout = Math.min(Number(body.timeout_ms) || 500, 10_000);
+        answer = {
+          acked: typeof body.target === 'string' ? await this.ping(body.target, timeout, false) : false,
+        };
+        break;
+      }
+      case 'push':
+        this.receiveRumors(body.rumors);
+        if (Array.isArray(body.records)) this.merge(body.records.slice(0, MAX_RECORDS_PER_MESSAGE));
+        answer = {};
+        break;
+      case 'digest':
+        answer = this.answerDigest(body.entries);
+        break;
+      case 'allocate':
+        answer = {
+          answer: isAdmissionRequest(body.request)
+            ? this.deps.allocator.answer(body.request)
+            : { granted: false, code: 'UNAVAILABLE', error: 'malformed admission request' },
+        };
+        break;
+      case 'rejoin':
+        answer = { records: [this.deps.replica.record('cluster'), this.deps.replica.record('credential')] };
+        this.deps.logger.info(
+          { peer_id: p.from },
+          'a peer rejoined by identity (it held no live cluster key)',
+        );
+        break;
+      default:
+        this.deps.metrics.rejected.labels('malformed').inc();
+        return refusal('malformed');
+    }
+    return { status: 200, body: this.reply(p, answer, (raw as Envelope).kid) };
+  }
+
+  private reply(request: Payload, body: unknown, kid: string): Envelope {
+    const type = `${request.type}-reply`;
+    const key = kid === NO_KEY ? undefined : this.deps.credential.macKeys().find((k) => k.kid === kid);
+    const { envelope } = seal(
+      this.deps.identity,
+      { type, to: request.from, sent_at: this.deps.clock.now(), re: request.nonce, body },
+      key,
+    );
+    this.deps.metrics.messages.labels(type, 'sent').inc();
+    this.deps.metrics.bytes.labels('sent').inc(envelope.payload.length + 200);
+    return envelope;
+  }
+
+  // --- helpers -----------------------------------------------------------------------------------
+
+  private self(): PeerRecord | undefined {
+    return this.deps.store.peer(this.deps.identity.peerId);
+  }
+
+  private otherActivePeers(): PeerRecord[] {
+    const me = this.deps.identity.peerId;
+    return this.deps.store.peers().filter((p) => p.isActive && p.id !== me);
+  }
+
+  private otherActiveIds(): string[] {
+    return this.otherActivePeers().map((p) => p.id);
+  }
+
+  private randomPeers(n: number): PeerRecord[] {
+    const peers = this.otherActivePeers();
+    for (let i = peers.length - 1; i > 0; i--) {
+      const j = Math.floor(Math.random() * (i + 1));
+      [peers[i], peers[j]] = [peers[j]!, peers[i]!];
+    }
+    return peers.slice(0, n);
+  }
+
+  private updatePeerGauge(): void {
+    const counts = { alive: 0, suspect: 0, dead: 0 };
+    for (const id of this.otherActiveIds()) counts[this.fd.liveness(id)?.state ?? 'alive']++;
+    for (const [state, n] of Object.entries(counts)) this.deps.metrics.peers.labels(state).set(n);
+  }
+}
+
+function refusal(reason: RejectReason | string): HandledMessage {
+  return { status: reason === 'unknown_credential' ? 401 : 403, body: { code: 'GOSSIP_REFUSED', reason } };
+}

@@ -1,0 +1,472 @@
+/**
+ * This agent's copy of the replicated state, over the store: the records gossip carries, their
+ * digest, and the merge of records received from peers (replicated-records.ts gives the rules).
+ *
+ * Merge rules beyond "greater vkey wins", each deterministic so every agent decides alike:
+ * - A child whose parent is missing or deleted (a service without its peers, a route without its
+ *   service) is not stored; if it is real, anti-entropy offers it again after its parent.
+ *   Deleting a parent deletes its children locally without tombstones of their own.
+ * - Two live services for one (source, target) pair (two allocators in a split): the one with the
+ *   smaller id stays; the other becomes a tombstone at its own stamp.
+ * - A tombstone of this agent's own peer (another agent removed us) is not applied: this agent
+ *   keeps its row, and the others refuse its messages from then on.
+ * - Tombstones leave the digest `tombstoneHorizonMs` after their write, everywhere at once, and
+ *   are deleted when every active peer has matched our digest since (so all of them hold the
+ *   deletion). A tombstone past the horizon is accepted only where it deletes a live record.
+ */
+import { createHash } from 'node:crypto';
+import { type Clock, isoTime } from '../domain/clock.js';
+import { checkRoute, checkService } from '../domain/service-rules.js';
+import type { ClusterSecretRecord, PeerRecord, RouteRecord, ServiceRecord } from '../store/records.js';
+import type { Store } from '../store/store.js';
+import { CLUSTER_SECRET_GRACE_MS, keyId } from './cluster-credential.js';
+import { peerIdMatchesKey } from './handshake-protocol.js';
+import type { HybridClock } from './hlc.js';
+import {
+  APPLY_ORDER,
+  type ClusterBody,
+  type CredentialBody,
+  type CredentialKeyBody,
+  DELETED_RANK,
+  epochOf,
+  isWellFormed,
+  keyOf,
+  LIVE_RANK,
+  makeVkey,
+  PEER_RANK,
+  type PeerBody,
+  parseVkey,
+  type RouteBody,
+  type ServiceBody,
+  splitKey,
+  vkeyWall,
+  type WireRecord,
+} from './replicated-records.js';
+
+export const DEFAULT_TOMBSTONE_HORIZON_MS = 60 * 60 * 1000;
+
+export interface Digest {
+  /** SHA-256 over the sorted `key vkey` lines, base64url: equal roots, equal states. */
+  root: string;
+  entries: ReadonlyMap<string, string>;
+}
+
+export interface ApplyResult {
+  /** Records that changed this agent's state, as stored (relayed onward by gossip). */
+  applied: WireRecord[];
+  /** Records that were not well formed or carried a stamp too far in the future. */
+  malformed: number;
+}
+
+export class Replica {
+  private cachedDigest: { generation: number; cutoff: number; digest: Digest } | undefined;
+  /** Set when another agent removed this one; reported by /readyz and logged once. */
+  removedFromCluster = false;
+
+  constructor(
+    private readonly store: Store,
+    private readonly localPeerId: string,
+    readonly hlc: HybridClock,
+    private readonly clock: Clock,
+    readonly tombstoneHorizonMs: number = DEFAULT_TOMBSTONE_HORIZON_MS,
+  ) {}
+
+  /**
+   * A vkey for a local write of a record whose previous vkey is `previous` (if any), in the same
+   * epoch, or `epochBump` epochs above it (a removed peer added again).
+   */
+  nextVkey(previous: string | undefined, ordinal: number, epochBump = 0): string {
+    return makeVkey((previous ? epochOf(previous) : 0) + epochBump, ordinal, this.hlc.tick());
+  }
+
+  /**
+   * Runs once at start: moves the clock past every stamp stored (a restart never issues a stamp
+   * older than one it issued before) and stamps rows written before replication existed.
+   */
+  init(): void {
+    const state = this.store.agentState();
+    if (!state) return;
+    const all = [
+      ...this.store.peers().map((p) => p.vkey),
+      ...this.store.services().map((s) => s.vkey),
+      ...[...this.store.tombstones().values()].map((t) => t.vkey),
+      state.clusterVkey,
+      state.credentialVkey,
+    ];
+    for (const v of all) {
+      const parsed = parseVkey(v);
+      if (parsed) this.hlc.observe(parsed.stamp);
+    }
+    this.store.transaction(() => {
+      for (const p of this.store.peers()) {
+        if (!p.vkey) this.store.updatePeer({ ...p, vkey: this.nextVkey(undefined, peerRank(p)) });
+      }
+      for (const s of this.store.services()) {
+        if (!s.vkey) this.store.updateService({ ...s, vkey: this.nextVkey(undefined, LIVE_RANK) });
+        for (const r of this.store.routesOf(s.id)) {
+          if (!r.vkey) this.store.updateRoute({ ...r, vkey: this.nextVkey(undefined, LIVE_RANK) });
+        }
+      }
+      if (!state.clusterVkey) {
+        this.store.setCluster(state.clusterId, state.clusterCreatedBy, this.nextVkey(undefined, 0));
+      }
+      if (!state.credentialVkey) {
+        const current = this.store.clusterSecrets()[0];
+        if (current) this.store.setCredentialVkey(this.nextVkey(undefined, current.version));
+      }
+    });
+  }
+
+  // --- reading ---------------------------------------------------------------------------------
+
+  /** The vkey this agent holds for a key, tombstones past the horizon included. */
+  vkeyOf(key: string): string | undefined {
+    const parts = splitKey(key);
+    if (!parts) return undefined;
+    const tomb = this.store.tombstones().get(key)?.vkey;
+    switch (parts.kind) {
+      case 'cluster':
+        return this.store.agentState()?.clusterVkey || undefined;
+      case 'credential':
+        return this.store.agentState()?.credentialVkey || undefined;
+      case 'peer':
+        return this.store.peer(parts.id)?.vkey ?? tomb;
+      case 'service':
+        return this.store.service(parts.id)?.vkey ?? tomb;
+      case 'route':
+        return this.store.route(Number(parts.id))?.vkey ?? tomb;
+    }
+  }
+
+  /** The record this agent holds for a key, or undefined. */
+  record(key: string): WireRecord | undefined {
+    const parts = splitKey(key);
+    if (!parts) return undefined;
+    const state = this.store.agentState();
+    if (!state) return undefined;
+    const tomb = this.store.tombstones().get(key);
+    switch (parts.kind) {
+      case 'cluster':
+        return clusterRecord(state.clusterId, state.clusterCreatedBy, state.clusterVkey);
+      case 'credential':
+        return credentialRecord(this.store.clusterSecrets(), state.credentialVkey);
+      case 'peer': {
+        const p = this.store.peer(parts.id);
+        return p ? peerRecord(p) : tomb && { key, vkey: tomb.vkey, body: null };
+      }
+      case 'service': {
+        const s = this.store.service(parts.id);
+        return s ? serviceRecord(s) : tomb && { key, vkey: tomb.vkey, body: null };
+      }
+      case 'route': {
+        const r = this.store.route(Number(parts.id));
+        return r ? routeRecord(r) : tomb && { key, vkey: tomb.vkey, body: null };
+      }
+    }
+  }
+
+  /** Wall time before which tombstones have left the digest. */
+  private horizonCutoff(): number {
+    // Rounded to whole seconds so that the cached digest is not rebuilt on every call.
+    return Math.floor((this.clock.now() - this.tombstoneHorizonMs) / 1000) * 1000;
+  }
+
+  digest(): Digest {
+    const cutoff = this.horizonCutoff();
+    const cached = this.cachedDigest;
+    if (cached && cached.generation === this.store.generation && cached.cutoff === cutoff) {
+      return cached.digest;
+    }
+    const entries = new Map<string, string>();
+    const state = this.store.agentState();
+    if (state) {
+      entries.set('cluster', state.clusterVkey);
+      entries.set('credential', state.credentialVkey);
+      for (const p of this.store.peers()) entries.set(keyOf('peer', p.id), p.vkey);
+      for (const s of this.store.services()) {
+        entries.set(keyOf('service', s.id), s.vkey);
+        for (const r of this.store.routesOf(s.id)) entries.set(keyOf('route', r.id), r.vkey);
+      }
+      for (const t of this.store.tombstones().values()) {
+        if (vkeyWall(t.vkey) >= cutoff) entries.set(t.key, t.vkey);
+      }
+    }
+    const lines = [...entries].map(([k, v]) => `${k} ${v}\n`).sort();
+    const hash = createHash('sha256');
+    for (const line of lines) hash.update(line);
+    const digest = { root: hash.digest('base64url'), entries };
+    this.cachedDigest = { generation: this.store.generation, cutoff, digest };
+    return digest;
+  }
+
+  // --- merging ---------------------------------------------------------------------------------
+
+  /** Merges received records in one transaction; parents before children. */
+  apply(received: readonly unknown[]): ApplyResult {
+    const applied: WireRecord[] = [];
+    let malformed = 0;
+    const wellFormed: WireRecord[] = [];
+    for (const r of received) {
+      if (isWellFormed(r) && this.hlc.observe(parseVkey(r.vkey)!.stamp)) wellFormed.push(r);
+      else malformed++;
+    }
+    const order = (r: WireRecord) => APPLY_ORDER[splitKey(r.key)!.kind];
+    wellFormed.sort((a, b) => order(a) - order(b));
+    this.store.transaction(() => {
+      if (!this.store.agentState()) return;
+      for (const r of wellFormed) {
+        const outcome = this.applyOne(r);
+        if (outcome === 'malformed') malformed++;
+        else if (outcome) applied.push(outcome);
+      }
+    });
+    return { applied, malformed };
+  }
+
+  /** The stored record if `r` changed the state, undefined if not, 'malformed' if refused. */
+  private applyOne(r: WireRecord): WireRecord | undefined | 'malformed' {
+    const held = this.vkeyOf(r.key);
+    if (held !== undefined && r.vkey <= held) return undefined;
+    const { kind, id } = splitKey(r.key)!;
+    const nowMs = this.clock.now();
+    if (r.body === null) {
+      const live = held !== undefined && !this.store.tombstones().has(r.key);
+      // An old deletion is history everywhere else: take it only where it still deletes something.
+      if (vkeyWall(r.vkey) < nowMs - this.tombstoneHorizonMs && !live) return undefined;
+      if (kind === 'peer' && id === this.localPeerId) {
+        this.removedFromCluster = true;
+        return undefined;
+      }
+      if (kind === 'peer') this.store.deletePeer(id);
+      else if (kind === 'service') this.store.deleteService(id);
+      else if (kind === 'route') this.store.deleteRoute(Number(id));
+      this.store.putTombstone({ key: r.key, vkey: r.vkey, arrivedAt: nowMs });
+      return r;
+    }
+    switch (kind) {
+      case 'cluster': {
+        const body = r.body as unknown as ClusterBody;
+        this.store.setCluster(body.cluster_id, body.created_by, r.vkey);
+        return r;
+      }
+      case 'credential': {
+        const body = r.body as unknown as CredentialBody;
+        const keys = [body.current, ...body.previous].map(toClusterSecret);
+        this.store.adoptClusterSecrets(keys, r.vkey, isoTime(nowMs + CLUSTER_SECRET_GRACE_MS));
+        return r;
+      }
+      case 'peer': {
+        const body = r.body as unknown as PeerBody;
+        if (!peerIdMatchesKey({ peer_id: body.id, public_key: body.public_key })) return 'malformed';
+        this.store.upsertPeer(fromPeerBody(body, r.vkey));
+        this.store.deleteTombstone(r.key);
+        return r;
+      }
+      case 'service': {
+        const body = r.body as unknown as ServiceBody;
+        const service = fromServiceBody(body, r.vkey);
+        try {
+          checkService(service);
+        } catch {
+          return 'malformed';
+        }
+        if (!this.store.peer(service.sourcePeerId) || !this.store.peer(service.targetPeerId))
+          return undefined;
+        const rival = this.store.serviceIdForPair(service.sourcePeerId, service.targetPeerId);
+        if (rival !== undefined && rival !== service.id) {
+          if (rival < service.id) return this.applyOne(asTombstone(r));
+          const rivalVkey = this.store.service(rival)!.vkey;
+          this.store.deleteService(rival);
+          this.store.putTombstone({
+            key: keyOf('service', rival),
+            vkey: tombstoneVkey(rivalVkey),
+            arrivedAt: nowMs,
+          });
+        }
+        this.store.upsertService(service);
+        this.store.deleteTombstone(r.key);
+        return r;
+      }
+      case 'route': {
+        const body = r.body as unknown as RouteBody;
+        const route = fromRouteBody(body, r.vkey);
+        try {
+          checkRoute(route);
+        } catch {
+          return 'malformed';
+        }
+        if (!this.store.service(route.serviceId)) return undefined;
+        const existing = this.store.route(route.id);
+        if (existing && existing.serviceId !== route.serviceId) return 'malformed';
+        this.store.upsertRoute(route);
+        this.store.deleteTombstone(r.key);
+        return r;
+      }
+    }
+  }
+
+  /**
+   * Deletes tombstones that have left the digest and that every active peer has seen:
+   * `matchedSince(t)` says whether every active peer matched our digest at or after time t.
+   */
+  collectTombstones(matchedSince: (t: number) => boolean): number {
+    const nowMs = this.clock.now();
+    const expired = [...this.store.tombstones().values()].filter((t) => {
+      const leftDigestAt = vkeyWall(t.vkey) + this.tombstoneHorizonMs;
+      return leftDigestAt <= nowMs && matchedSince(Math.max(leftDigestAt, t.arrivedAt));
+    });
+    if (expired.length === 0) return 0;
+    this.store.transaction(() => {
+      for (const t of expired) this.store.deleteTombstone(t.key);
+    });
+    return expired.length;
+  }
+}
+
+// --- conversions ---------------------------------------------------------------------------------
+
+export const peerRank = (p: { isActive: boolean }): number =>
+  p.isActive ? PEER_RANK.active : PEER_RANK.inactive;
+
+/** The tombstone that replaces a record: same epoch and stamp, deletion's rank. */
+function tombstoneVkey(vkey: string): string {
+  const v = parseVkey(vkey)!;
+  return makeVkey(v.epoch, DELETED_RANK, v.stamp);
+}
+
+function asTombstone(r: WireRecord): WireRecord {
+  return { key: r.key, vkey: tombstoneVkey(r.vkey), body: null };
+}
+
+export function peerRecord(p: PeerRecord): WireRecord {
+  const body: PeerBody = {
+    id: p.id,
+    name: p.name,
+    public_key: p.publicKey,
+    address: p.address,
+    is_active: p.isActive,
+    version: p.version,
+    deactivated_at: p.deactivatedAt,
+    created_at: p.createdAt,
+    updated_at: p.updatedAt,
+  };
+  return { key: keyOf('peer', p.id), vkey: p.vkey, body: { ...body } };
+}
+
+function fromPeerBody(b: PeerBody, vkey: string): PeerRecord {
+  return {
+    id: b.id,
+    name: b.name,
+    publicKey: b.public_key,
+    address: b.address,
+    isActive: b.is_active,
+    version: b.version,
+    deactivatedAt: b.deactivated_at,
+    createdAt: b.created_at,
+    updatedAt: b.updated_at,
+    vkey,
+  };
+}
+
+export function serviceRecord(s: ServiceRecord): WireRecord {
+  const body: ServiceBody = {
+    id: s.id,
+    source_peer_id: s.sourcePeerId,
+    target_peer_id: s.targetPeerId,
+    transport_type: s.transportType,
+    requires_interface: s.requiresInterface,
+    desired_ipv4_cidr: s.desiredIpv4Cidr,
+    desired_ipv6_cidr: s.desiredIpv6Cidr,
+    fully_transparent: s.fullyTransparent,
+    bandwidth_limit_mbps: s.bandwidthLimitMbps,
+    version: s.version,
+    created_at: s.createdAt,
+    updated_at: s.updatedAt,
+  };
+  return { key: keyOf('service', s.id), vkey: s.vkey, body: { ...body } };
+}
+
+function fromServiceBody(b: ServiceBody, vkey: string): ServiceRecord {
+  return {
+    id: b.id,
+    sourcePeerId: b.source_peer_id,
+    targetPeerId: b.target_peer_id,
+    transportType: b.transport_type,
+    requiresInterface: b.requires_interface,
+    desiredIpv4Cidr: b.desired_ipv4_cidr,
+    desiredIpv6Cidr: b.desired_ipv6_cidr,
+    fullyTransparent: b.fully_transparent,
+    bandwidthLimitMbps: b.bandwidth_limit_mbps,
+    version: b.version,
+    createdAt: b.created_at,
+    updatedAt: b.updated_at,
+    vkey,
+  };
+}
+
+export function routeRecord(r: RouteRecord): WireRecord {
+  const body: RouteBody = {
+    id: r.id,
+    service_id: r.serviceId,
+    priority: r.priority,
+    source_cidr: r.sourceCidr,
+    dest_cidr: r.destCidr,
+    version: r.version,
+    created_at: r.createdAt,
+    updated_at: r.updatedAt,
+  };
+  return { key: keyOf('route', r.id), vkey: r.vkey, body: { ...body } };
+}
+
+function fromRouteBody(b: RouteBody, vkey: string): RouteRecord {
+  return {
+    id: b.id,
+    serviceId: b.service_id,
+    priority: b.priority,
+    sourceCidr: b.source_cidr,
+    destCidr: b.dest_cidr,
+    version: b.version,
+    createdAt: b.created_at,
+    updatedAt: b.updated_at,
+    vkey,
+  };
+}
+
+export function clusterRecord(clusterId: string, createdBy: string, vkey: string): WireRecord {
+  const body: ClusterBody = { cluster_id: clusterId, created_by: createdBy };
+  return { key: 'cluster', vkey, body: { ...body } };
+}
+
+/** The replicated credential: the current key and the previous keys in the record. */
+export function credentialRecord(keys: readonly ClusterSecretRecord[], vkey: string): WireRecord {
+  const replicated = keys.filter((k) => k.replicated);
+  const current = replicated.find((k) => k.validUntil === null) ?? replicated[0];
+  const body: CredentialBody = {
+    current: current ? toKeyBody(current) : (undefined as unknown as CredentialKeyBody),
+    previous: replicated.filter((k) => k !== current).map(toKeyBody),
+  };
+  return { key: 'credential', vkey, body: { ...body } };
+}
+
+const toKeyBody = (k: ClusterSecretRecord): CredentialKeyBody => ({
+  client_id: k.clientId,
+  version: k.version,
+  key: k.secretHash.toString('base64'),
+  rotated_by: k.rotatedBy,
+  rotated_at: k.rotatedAt,
+  valid_until: k.validUntil,
+});
+
+function toClusterSecret(b: CredentialKeyBody): ClusterSecretRecord {
+  const secretHash = Buffer.from(b.key, 'base64');
+  return {
+    kid: keyId(secretHash),
+    clientId: b.client_id,
+    version: b.version,
+    secretHash,
+    rotatedBy: b.rotated_by,
+    rotatedAt: b.rotated_at,
+    validUntil: b.valid_until,
+    replicated: true,
+  };
+}
