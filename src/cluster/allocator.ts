@@ -191,8 +191,10 @@ export class Allocator implements Admission {
   private prune(): void {
     const now = this.clock.now();
     for (const [id, r] of this.reservations) {
+      // Landed (gossip brought the record) or already deleted again: the store counts it now.
+      const key = r.kind === 'service' ? `service/${id}` : `peer/${id}`;
       const landed = r.kind === 'service' ? this.store.service(id) : this.store.peer(id);
-      if (r.expiresAt <= now || landed) this.reservations.delete(id);
+      if (r.expiresAt <= now || landed || this.store.tombstones().has(key)) this.reservations.delete(id);
     }
   }
 }

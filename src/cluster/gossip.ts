@@ -147,10 +147,12 @@ export class Gossip {
     this.deps.transport.close();
   }
 
-  /** Liveness of a remote peer as this agent sees it; the local peer is always reachable. */
+  /**
+   * Liveness of a peer as this agent sees it. The local peer is reachable and has no last-seen
+   * time (it would be "now" on every read, and two reads of an unchanged peer should be equal).
+   */
   liveness(peerId: string): { reachable: boolean; lastSeenAt: string | null } {
-    if (peerId === this.deps.identity.peerId)
-      return { reachable: true, lastSeenAt: isoTime(this.deps.clock.now()) };
+    if (peerId === this.deps.identity.peerId) return { reachable: true, lastSeenAt: null };
     const l = this.fd.liveness(peerId);
     if (!l) return { reachable: false, lastSeenAt: null };
     return {
@@ -474,8 +476,7 @@ export class Gossip {
     metrics.bytes.labels('sent').inc(envelope.payload.length + 200);
     const reply = await transport.post(peer.address, envelope, timeoutMs);
     if (reply.status !== 200) {
-      const reason = (reply.body as { reason?: unknown })?.reason;
-      throw new GossipRefused(typeof reason === 'string' ? reason : `status ${reply.status}`);
+      throw new GossipRefused(refusalReason(reply.body) ?? `status ${reply.status}`);
     }
     if (Math.random() < this.faults.loss) throw new Error('reply dropped by the fault switch (test hooks)');
     metrics.bytes.labels('received').inc(JSON.stringify(reply.body).length);
@@ -514,7 +515,12 @@ export class Gossip {
     const opened = this.open(raw);
     if (!opened.ok) return refusal(opened.reason);
     const p = opened.payload;
-    if (this.faults.blocked.has(p.from)) return { status: 503, body: { reason: 'fault_switch' } };
+    if (this.faults.blocked.has(p.from)) {
+      return {
+        status: 503,
+        body: { error: 'cut off by the fault switch (test hooks)', code: 'UNAVAILABLE' },
+      };
+    }
     this.deps.metrics.messages.labels(p.type, 'received').inc();
     this.deps.metrics.bytes.labels('received').inc((raw as Envelope).payload.length + 200);
     this.fd.heardFrom(p.from);
@@ -611,6 +617,22 @@ export class Gossip {
   }
 }
 
+/**
+ * A refused message gets the documented error shape; the reason after the colon tells the
+ * sender whether to try another key. It is no secret: the sender knows what it sent.
+ */
 function refusal(reason: RejectReason | string): HandledMessage {
-  return { status: reason === 'unknown_credential' ? 401 : 403, body: { code: 'GOSSIP_REFUSED', reason } };
+  const unauthorized = reason === 'unknown_credential';
+  return {
+    status: unauthorized ? 401 : 403,
+    body: { error: `${REFUSED}${reason}`, code: unauthorized ? 'UNAUTHORIZED' : 'FORBIDDEN' },
+  };
+}
+
+const REFUSED = 'gossip message refused:';
+
+/** The refusal reason from an error body made by refusal(). */
+function refusalReason(body: unknown): string | undefined {
+  const error = (body as { error?: unknown })?.error;
+  return typeof error === 'string' && error.startsWith(REFUSED) ? error.slice(REFUSED.length) : undefined;
 }

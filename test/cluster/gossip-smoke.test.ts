@@ -20,12 +20,22 @@ describe('gossip smoke', { timeout: 60_000 }, () => {
   const nodes: Node[] = [];
   before(async () => {
     for (let i = 0; i < 3; i++) {
-      const agent = await AgentProcess.start({ vendor, extraArgs: ['--gossip-interval-ms', '200', '--test-hooks'] });
+      const agent = await AgentProcess.start({
+        vendor,
+        extraArgs: ['--gossip-interval-ms', '200', '--test-hooks'],
+      });
       nodes.push(await bootstrapNode(agent, vendor, { license_id: 'L1', max_nodes: 5, max_services: 5 }));
     }
   });
   after(async () => {
-    for (const n of nodes) console.log(n.agent.logs.split('\n').filter((l) => !l.includes('request completed') && !l.includes('incoming request')).slice(0, 60).join('\n'));
+    for (const n of nodes)
+      console.log(
+        n.agent.logs
+          .split('\n')
+          .filter((l) => !l.includes('request completed') && !l.includes('incoming request'))
+          .slice(0, 60)
+          .join('\n'),
+      );
     for (const n of nodes) await n.agent.stop();
   });
 

@@ -45,3 +45,14 @@ export function tokenWith(
 }
 
 export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/**
+ * A peer as the API shows it, without the liveness fields (`reachable`, `last_seen_at`): those
+ * are this agent's observation of gossip, which moves on its own between two reads.
+ */
+export function withoutLiveness<T extends Record<string, unknown>>(
+  peer: T,
+): Omit<T, 'reachable' | 'last_seen_at'> {
+  const { reachable: _r, last_seen_at: _l, ...rest } = peer;
+  return rest;
+}

@@ -6,7 +6,7 @@
  */
 import type { FastifyInstance } from 'fastify';
 import type { AppDeps } from '../app.js';
-import { GossipEnvelopeSchema } from '../schemas.js';
+import { errorResponses, GossipEnvelopeSchema } from '../schemas.js';
 
 /** A full state transfer is the largest message: a license's worth of records. */
 const GOSSIP_BODY_LIMIT_BYTES = 16 * 1024 * 1024;
@@ -20,13 +20,15 @@ export function registerGossipRoutes(app: FastifyInstance, deps: AppDeps): void 
         tags: ['internal'],
         summary: 'Gossip between agents: signed and MACed envelopes, no token',
         body: GossipEnvelopeSchema,
+        response: { 200: GossipEnvelopeSchema, ...errorResponses(400, 401, 403, 413, 503) },
       },
       // Probes arrive every interval from every peer: logging each would drown the log.
       logLevel: 'warn',
     },
     async (request, reply) => {
       const answer = await deps.gossip(request.body);
-      return reply.code(answer.status).send(answer.body);
+      // Typed per status by the schema; the engine picks the status and shapes the body to match.
+      return reply.code(answer.status as 200).send(answer.body as never);
     },
   );
 }
