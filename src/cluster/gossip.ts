@@ -302,7 +302,8 @@ export class Gossip {
       }
     }
     this.pushed = new Map(entries);
-    if (changed.length === 0) return;
+    // Once gone, this agent's word counts no more: the others refuse its messages.
+    if (changed.length === 0 || this.departed) return;
     const self = this.self();
     // Leaving is announced to every peer, not a few: it is this agent's last word.
     const leaving = !this.departed && self !== undefined && !self.isActive;
