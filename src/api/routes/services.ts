@@ -130,7 +130,7 @@ export function registerServiceRoutes(app: FastifyInstance, deps: AppDeps): void
         summary: 'Create a service (create form); unique per (source, target) pair',
         security: write,
         body: ServiceCreateBody,
-        response: { 201: ServiceCreated, ...errorResponses(400, 401, 403, 404, 409, 413, 422) },
+        response: { 201: ServiceCreated, ...errorResponses(400, 401, 403, 404, 409, 413, 422, 503) },
       },
     },
     async (request, reply) => {
