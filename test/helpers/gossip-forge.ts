@@ -1,0 +1,307 @@
+/**
+ * Shared code of the cluster security, rotation and limits tests: clusters of real agents
+ * started with `--test-hooks` (clock and fault switch), gossip envelopes built by hand exactly as
+ * an agent builds them (seal() of src/cluster/gossip-envelope.ts) so a test can send genuine,
+ * replayed or forged messages to POST /internal/v1/gossip, and readers of what an agent shows
+ * (its replicated state, its refusal counters).
+ */
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import { join as joinPath } from 'node:path';
+import { hashClusterSecret, keyId, macKeyOf } from '../../src/cluster/cluster-credential.js';
+import { type Envelope, type Payload, seal } from '../../src/cluster/gossip-envelope.js';
+import { encodeStamp } from '../../src/cluster/hlc.js';
+import { Identity } from '../../src/cluster/identity.js';
+import { makeVkey, PEER_RANK, type WireRecord } from '../../src/cluster/replicated-records.js';
+import { AgentProcess } from './agent-process.js';
+import { withoutLiveness } from './api-assertions.js';
+import type { ApiResponse } from './api-client.js';
+import type { Vendor } from './licenses.js';
+
+export const GOSSIP_ARGS = ['--gossip-interval-ms', '200', '--test-hooks'];
+
+/** One running, bootstrapped agent; its API credential is kept to get fresh tokens. */
+export interface Member {
+  agent: AgentProcess;
+  peerId: string;
+  clientId: string;
+  clientSecret: string;
+  /** Admin token; refreshed by refreshToken() (tokens live 1 h on the agent's clock). */
+  token: string;
+  /** How far this agent's clock was moved forward by the test hook (0 after a restart). */
+  offsetMs: number;
+}
+
+/** Polls until fn returns something other than undefined; fails with `what` at the deadline. */
+export async function eventually<T>(
+  what: string,
+  fn: () => Promise<T | undefined>,
+  ms = 15_000,
+  everyMs = 100,
+): Promise<T> {
+  const end = Date.now() + ms;
+  let lastError: unknown;
+  for (;;) {
+    try {
+      const v = await fn();
+      if (v !== undefined) return v;
+    } catch (err) {
+      lastError = err;
+    }
+    if (Date.now() > end) {
+      throw new Error(
+        `timed out waiting for: ${what}${lastError ? ` (last error: ${String(lastError)})` : ''}`,
+      );
+    }
+    await new Promise((r) => setTimeout(r, everyMs));
+  }
+}
+
+/** Starts an agent for gossip tests and bootstraps it with a license of the vendor. */
+export async function startMember(
+  vendor: Vendor,
+  license: Parameters<Vendor['sign']>[0],
+  name = 'test',
+): Promise<Member> {
+  const agent = await AgentProcess.start({ vendor, extraArgs: GOSSIP_ARGS });
+  try {
+    const res = await agent.client.post('/v1/bootstrap', { json: { license: vendor.sign(license), name } });
+    assert.equal(res.status, 201, `bootstrap: ${res.text}`);
+    const creds = { clientId: res.body.client_id as string, clientSecret: res.body.client_secret as string };
+    const token = await agent.client.token(creds.clientId, creds.clientSecret);
+    return { agent, peerId: res.body.peer_id as string, ...creds, token, offsetMs: 0 };
+  } catch (err) {
+    await agent.stop().catch(() => undefined);
+    throw err;
+  }
+}
+
+/** `a` adds `b` by the handshake (POST /v1/peers); returns the answer. */
+export function addPeer(a: Member, b: Member): Promise<ApiResponse> {
+  return a.agent.client.post('/v1/peers', { token: a.token, json: { address: `127.0.0.1:${b.agent.port}` } });
+}
+
+/** Starts `n` agents under one license and joins them into one cluster (each to the first). */
+export async function startCluster(
+  vendor: Vendor,
+  n: number,
+  license: Parameters<Vendor['sign']>[0],
+): Promise<Member[]> {
+  const members: Member[] = [];
+  try {
+    for (let i = 0; i < n; i++) members.push(await startMember(vendor, license, `agent-${i}`));
+    for (const m of members.slice(1)) {
+      const res = await addPeer(members[0]!, m);
+      assert.equal(res.status, 201, `join: ${res.text}`);
+    }
+    await waitForPeers(members, n);
+    return members;
+  } catch (err) {
+    await stopAll(members);
+    throw err;
+  }
+}
+
+/** Waits until every member lists exactly `n` active peers, the same on each. */
+export async function waitForPeers(members: readonly Member[], n: number, ms = 15_000): Promise<void> {
+  await eventually(
+    `every member lists ${n} active peers`,
+    async () => {
+      const views = await Promise.all(members.map((m) => activePeerIds(m)));
+      const first = JSON.stringify(views[0]);
+      return views.every((v) => v.length === n && JSON.stringify(v) === first) ? true : undefined;
+    },
+    ms,
+  );
+}
+
+export async function activePeerIds(m: Member): Promise<string[]> {
+  const res = await m.agent.client.get('/v1/peers', { token: m.token });
+  assert.equal(res.status, 200, res.text);
+  return (res.body as { id: string; is_active: boolean }[])
+    .filter((p) => p.is_active)
+    .map((p) => p.id)
+    .sort();
+}
+
+export async function stopAll(members: readonly Member[]): Promise<void> {
+  for (const m of members) await m.agent.stop().catch((err) => console.error(String(err)));
+}
+
+/** A fresh admin token, valid on the agent's (possibly advanced) clock. */
+export async function refreshToken(m: Member): Promise<void> {
+  m.token = await m.agent.client.token(m.clientId, m.clientSecret);
+}
+
+/** Moves each agent's clock forward by `ms`, back to back, then refreshes their tokens. */
+export async function advanceClocks(members: readonly Member[], ms: number): Promise<void> {
+  const answers = await Promise.all(
+    members.map((m) =>
+      m.agent.client.post('/internal/v1/test/clock', { token: m.token, json: { advance_ms: ms } }),
+    ),
+  );
+  answers.forEach((res, i) => {
+    assert.equal(res.status, 200, `clock advance: ${res.text}`);
+    members[i]!.offsetMs = res.body.offset_ms as number;
+  });
+  for (const m of members) await refreshToken(m);
+}
+
+/** Cuts gossip of `m` to and from the given peers (an empty list heals). */
+export async function setBlocked(m: Member, peerIds: string[]): Promise<void> {
+  const res = await m.agent.client.put('/internal/v1/test/faults', {
+    token: m.token,
+    json: { blocked_peer_ids: peerIds, loss: 0 },
+  });
+  assert.equal(res.status, 200, res.text);
+}
+
+/** The agent's time, as its (possibly advanced) clock reads it. */
+export const agentNow = (m: Member): number => Date.now() + m.offsetMs;
+
+/** The Ed25519 identity an agent signs gossip with, read from its data dir. */
+export function identityOf(m: Member): Identity {
+  return new Identity(readFileSync(joinPath(m.agent.dataDir, 'identity.key'), 'utf8'));
+}
+
+/** A signer that claims `peerId` but signs with a key that is not that peer's. */
+export function impostor(peerId: string): Identity {
+  const fresh = new Identity(Identity.generatePem());
+  return { peerId, sign: (m: Buffer) => fresh.sign(m) } as unknown as Identity;
+}
+
+export interface LiveKey {
+  kid: string;
+  key: Buffer;
+}
+
+/** The gossip MAC key an agent derives from a cluster secret (cluster-credential.ts). */
+export function macKeyFromSecret(secret: string): LiveKey {
+  const hash = hashClusterSecret(secret);
+  return { kid: keyId(hash), key: macKeyOf(hash) };
+}
+
+/** Seals a message as an agent would: signed by `signer`, MACed with `key` (none: unkeyed). */
+export function sealMessage(
+  signer: Identity,
+  to: Member | string,
+  type: string,
+  body: unknown,
+  key: LiveKey | undefined,
+  sentAt: number,
+): { envelope: Envelope; nonce: string } {
+  return seal(signer, { type, to: typeof to === 'string' ? to : to.peerId, sent_at: sentAt, body }, key);
+}
+
+/** The body of a probe, as the failure detector sends it. */
+export const PING_BODY = { root: 'x', inc: 0, suspected: false, rumors: [] } as const;
+
+/** POST /internal/v1/gossip to an agent, no token. */
+export function sendGossip(to: Member, envelope: Envelope): Promise<ApiResponse> {
+  return to.agent.client.post('/internal/v1/gossip', { json: envelope });
+}
+
+/** The payload of a reply envelope (not verified: the test checks what it needs). */
+export function replyPayload(res: ApiResponse): Payload {
+  return JSON.parse((res.body as Envelope).payload) as Payload;
+}
+
+/**
+ * A peer record that renames a peer: as the agent that owns it would write it, from the peer as
+ * GET /v1/peers/{id} shows it, at a stamp of now (so it beats the record the agents hold), rank
+ * active (ordinal 0), epoch 0.
+ */
+export function peerRenameRecord(
+  peer: Record<string, unknown>,
+  name: string,
+  nowMs: number,
+  writer: string,
+): WireRecord {
+  const body = {
+    id: peer.id,
+    name,
+    public_key: peer.public_key,
+    address: peer.address,
+    is_active: peer.is_active,
+    version: (peer.version as number) + 1,
+    deactivated_at: peer.deactivated_at,
+    created_at: peer.created_at,
+    updated_at: new Date(nowMs).toISOString(),
+  };
+  const vkey = makeVkey(0, PEER_RANK.active, encodeStamp({ wall: nowMs, counter: 0, origin: writer }));
+  return { key: `peer/${peer.id as string}`, vkey, body };
+}
+
+/** mesh_gossip_rejected_total by reason, as GET /metrics shows it. */
+export async function rejectedCounts(m: Member): Promise<Map<string, number>> {
+  const res = await m.agent.client.get('/metrics', { token: m.token });
+  assert.equal(res.status, 200, res.text);
+  const counts = new Map<string, number>();
+  for (const line of res.text.split('\n')) {
+    const match = /^mesh_gossip_rejected_total\{reason="([a-z_]+)"\} (\d+(?:\.\d+)?)$/.exec(line);
+    if (match) counts.set(match[1]!, Number(match[2]));
+  }
+  return counts;
+}
+
+/**
+ * Everything an agent shows of the replicated state: peers (without its own liveness
+ * observations), services, the cluster credential and the cluster identity.
+ */
+export async function replicatedView(m: Member): Promise<Record<string, unknown>> {
+  const get = async (path: string) => {
+    const res = await m.agent.client.get(path, { token: m.token });
+    assert.equal(res.status, 200, `${path}: ${res.text}`);
+    return res.body;
+  };
+  const peers = (await get('/v1/peers')) as Record<string, unknown>[];
+  return {
+    peers: peers.map((p) => withoutLiveness(p)),
+    services: await get('/v1/services'),
+    credential: await get('/v1/cluster/credentials'),
+    identity: await get('/v1/cluster/identity'),
+  };
+}
+
+/** The same view without what differs between agents by design (which peer is local). */
+export async function sharedView(m: Member): Promise<Record<string, unknown>> {
+  const v = await replicatedView(m);
+  return {
+    peers: (v.peers as Record<string, unknown>[]).map(({ is_local: _local, ...p }) => p),
+    services: v.services,
+    credential: v.credential,
+    cluster_id: (v.identity as { cluster_id: string }).cluster_id,
+  };
+}
+
+/** Waits until every member shows the same shared view; returns it. */
+export async function waitForConvergence(
+  members: readonly Member[],
+  ms = 15_000,
+): Promise<Record<string, unknown>> {
+  return eventually(
+    'every member shows the same replicated state',
+    async () => {
+      const views = await Promise.all(members.map((m) => sharedView(m)));
+      const first = JSON.stringify(views[0]);
+      return views.every((v) => JSON.stringify(v) === first) ? views[0] : undefined;
+    },
+    ms,
+  );
+}
+
+/** GET /v1/cluster/credentials on an agent. */
+export async function credentialOf(m: Member): Promise<{ version: number; rotated_by: string }> {
+  const res = await m.agent.client.get('/v1/cluster/credentials', { token: m.token });
+  assert.equal(res.status, 200, res.text);
+  return res.body;
+}
+
+/** POST /v1/cluster/credentials/rotate on an agent; returns the answer with the secret. */
+export async function rotate(
+  m: Member,
+): Promise<{ client_secret: string; version: number; rotated_by: string }> {
+  const res = await m.agent.client.post('/v1/cluster/credentials/rotate', { token: m.token });
+  assert.equal(res.status, 200, res.text);
+  return res.body;
+}
