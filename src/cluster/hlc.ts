@@ -61,12 +61,14 @@ export class HybridClock {
 
   /**
    * Moves the clock past a stamp seen in a received record. Returns false (and moves nothing)
-   * for a stamp further ahead of our wall clock than MAX_FORWARD_DRIFT_MS.
+   * for a stamp further ahead of our wall clock than MAX_FORWARD_DRIFT_MS, unless `stored`: a
+   * stamp already in this agent's store was accepted once, and must be passed however far the
+   * wall clock has gone back since (a restart after the clock was corrected).
    */
-  observe(text: string): boolean {
+  observe(text: string, stored = false): boolean {
     const seen = decodeStamp(text);
     if (!seen) return false;
-    if (seen.wall > this.clock.now() + MAX_FORWARD_DRIFT_MS) return false;
+    if (!stored && seen.wall > this.clock.now() + MAX_FORWARD_DRIFT_MS) return false;
     if (seen.wall > this.last.wall || (seen.wall === this.last.wall && seen.counter > this.last.counter)) {
       this.last = { wall: seen.wall, counter: seen.counter, origin: this.origin };
     }

@@ -95,7 +95,7 @@ export class Replica {
     ];
     for (const v of all) {
       const parsed = parseVkey(v);
-      if (parsed) this.hlc.observe(parsed.stamp);
+      if (parsed) this.hlc.observe(parsed.stamp, true);
     }
     this.store.transaction(() => {
       for (const p of this.store.peers()) {
