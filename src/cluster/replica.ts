@@ -252,7 +252,15 @@ export class Replica {
       case 'credential': {
         const body = r.body as unknown as CredentialBody;
         const keys = [body.current, ...body.previous].map(toClusterSecret);
-        this.store.adoptClusterSecrets(keys, r.vkey, isoTime(nowMs + CLUSTER_SECRET_GRACE_MS));
+        // Keys the new record lacks: after a merge (a higher epoch), our former cluster mates
+        // still use them, so they stay usable here for the grace period. In the same epoch they
+        // can only be the loser of a concurrent rotation, which must not stay valid anywhere.
+        const merged = held !== undefined && epochOf(r.vkey) > epochOf(held);
+        this.store.adoptClusterSecrets(
+          keys,
+          r.vkey,
+          isoTime(merged ? nowMs + CLUSTER_SECRET_GRACE_MS : nowMs),
+        );
         return r;
       }
       case 'peer': {
