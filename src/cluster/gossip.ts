@@ -432,7 +432,8 @@ export class Gossip {
     const keys = this.deps.credential.macKeys();
     const preferred = this.keyFor.get(peer.id);
     keys.sort((a, b) => Number(b.kid === preferred) - Number(a.kid === preferred));
-    let last: unknown = new GossipRefused('unknown_credential');
+    // Made only when needed: an Error captures a stack, and this runs for every message sent.
+    let last: unknown;
     for (const key of keys) {
       try {
         const reply = await this.send(peer, type, body, key, timeoutMs);
@@ -443,7 +444,7 @@ export class Gossip {
         if (!(err instanceof GossipRefused && err.reason === 'unknown_credential')) throw err;
       }
     }
-    throw last;
+    throw last ?? new GossipRefused('unknown_credential');
   }
 
   private async rejoin(peer: PeerRecord, timeoutMs: number): Promise<void> {
