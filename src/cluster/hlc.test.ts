@@ -135,6 +135,22 @@ describe('HybridClock', { timeout: 30_000 }, () => {
     });
   });
 
+  it('passes a stored stamp however far ahead it is (its own writes, after the clock went back)', () => {
+    const clock = new ManualClock(1_000_000);
+    const hlc = new HybridClock(ORIGIN, clock);
+    const stored = encodeStamp({ wall: 1_000_000 + 10 * MAX_FORWARD_DRIFT_MS, counter: 2, origin: ORIGIN });
+    assert.equal(hlc.observe(stored), false, 'as a received stamp it is refused');
+    assert.equal(hlc.observe(stored, true), true);
+    const next = hlc.tick();
+    assert.ok(next > stored);
+    assert.deepEqual(decodeStamp(next), {
+      wall: 1_000_000 + 10 * MAX_FORWARD_DRIFT_MS,
+      counter: 3,
+      origin: ORIGIN,
+    });
+    assert.equal(hlc.observe('garbage', true), false);
+  });
+
   it('refuses a malformed stamp', () => {
     const hlc = new HybridClock(ORIGIN, new ManualClock(1_000_000));
     for (const bad of ['', 'x', '0000000f4240.000000', '0000000F4240.000000.aa', '0f4240.000000.aa']) {
