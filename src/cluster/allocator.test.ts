@@ -1,8 +1,8 @@
 import assert from 'node:assert/strict';
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { describe, it } from 'node:test';
+import { after, describe, it } from 'node:test';
 import { isoTime, ManualClock } from '../domain/clock.js';
 import { ApiError, type ErrorCode } from '../domain/errors.js';
 import { ADMIN } from '../domain/scopes.js';
@@ -18,6 +18,20 @@ import {
 import { hashClusterSecret, keyId } from './cluster-credential.js';
 
 const T0 = Date.UTC(2026, 0, 1);
+
+const root = mkdtempSync(join(tmpdir(), 'alloc-'));
+let files = 0;
+const stores: Store[] = [];
+after(() => {
+  for (const s of stores) s.close();
+  rmSync(root, { recursive: true, force: true });
+});
+/** A store on a file of its own under `root`, closed and deleted when the file's tests end. */
+function openStore(): Store {
+  const store = new Store(join(root, `${files++}.db`));
+  stores.push(store);
+  return store;
+}
 const LOCAL = 'a0'.repeat(16);
 const id = (n: number) => n.toString(16).padStart(2, '0').repeat(16);
 
@@ -58,7 +72,7 @@ function service(serviceId: string, source: string, target: string): ServiceReco
 /** A bootstrapped store whose local peer is LOCAL, plus `others` peers, under the given limits. */
 function setup(limits: { maxNodes?: number; maxServices?: number } = {}, others: PeerRecord[] = []) {
   const clock = new ManualClock(T0);
-  const store = new Store(join(mkdtempSync(join(tmpdir(), 'alloc-')), 'db'));
+  const store = openStore();
   const secretHash = hashClusterSecret('s');
   store.bootstrap({
     state: {
@@ -204,7 +218,7 @@ describe('Allocator.decide: services', { timeout: 30_000 }, () => {
 
   it('refuses on an agent that is not bootstrapped: UNAVAILABLE', () => {
     const clock = new ManualClock(T0);
-    const store = new Store(join(mkdtempSync(join(tmpdir(), 'alloc-')), 'db'));
+    const store = openStore();
     throwsCode(() => new Allocator(store, LOCAL, clock).decide(svc('s', LOCAL, P1)), 'UNAVAILABLE');
   });
 });
