@@ -761,33 +761,42 @@ async function main(): Promise<number> {
     `Node ${process.version}, ${cpus().length} CPUs, sizes ${settings.sizes.join(', ')}, losses ${settings.losses.join(', ')}, ${settings.changes} changes each, interval ${settings.intervalMs} ms; at most ${settings.agentsPerHost} agents per host process`,
   );
   const results: SizeResult[] = [];
-  for (const n of settings.sizes) results.push(await benchSize(n, license, vendor.publicPem));
-  const { table, failed } = report(results);
   const resultsDir = join(REPO_ROOT, 'bench/results');
   mkdirSync(resultsDir, { recursive: true });
   const file = join(resultsDir, `cluster-${stamp}.json`);
-  writeFileSync(
-    file,
-    JSON.stringify(
-      {
-        stamp,
-        node: process.version,
-        cpus: cpus().length,
-        layout: `agents in forked host processes, at most ${settings.agentsPerHost} each; gossip over loopback HTTP`,
-        settings,
-        targets: {
-          p99S: { loss0: 2, loss20: 4 },
-          serfAnchorS: SERF_ANCHOR_S,
-          idleGrowthMax: IDLE_GROWTH_MAX,
+  /** Written after every cluster size, so that an interrupted run keeps what it measured. */
+  const save = (complete: boolean) => {
+    const { table, failed } = report(results);
+    writeFileSync(
+      file,
+      JSON.stringify(
+        {
+          stamp,
+          complete,
+          node: process.version,
+          cpus: cpus().length,
+          layout: `agents in forked host processes, at most ${settings.agentsPerHost} each; gossip over loopback HTTP`,
+          settings,
+          targets: {
+            p99S: { loss0: 2, loss20: 4 },
+            serfAnchorS: SERF_ANCHOR_S,
+            idleGrowthMax: IDLE_GROWTH_MAX,
+          },
+          results,
+          failed,
+          table,
         },
-        results,
-        failed,
-        table,
-      },
-      (_k, v: unknown) => (v === Number.POSITIVE_INFINITY ? 'Infinity' : v),
-      2,
-    ),
-  );
+        (_k, v: unknown) => (v === Number.POSITIVE_INFINITY ? 'Infinity' : v),
+        2,
+      ),
+    );
+    return { table, failed };
+  };
+  for (const n of settings.sizes) {
+    results.push(await benchSize(n, license, vendor.publicPem));
+    save(false);
+  }
+  const { table, failed } = save(true);
   process.stdout.write(`${table}\n`);
   log(`wrote ${file}`);
   return failed.length === 0 ? 0 : 1;
