@@ -194,7 +194,7 @@ export class Allocator implements Admission {
       // Landed (gossip brought the record) or already deleted again: the store counts it now.
       const key = r.kind === 'service' ? `service/${id}` : `peer/${id}`;
       const landed = r.kind === 'service' ? this.store.service(id) : this.store.peer(id);
-      if (r.expiresAt <= now || landed || this.store.tombstones().has(key)) this.reservations.delete(id);
+      if (r.expiresAt <= now || landed || this.store.tombstone(key)) this.reservations.delete(id);
     }
   }
 }

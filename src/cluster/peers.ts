@@ -480,7 +480,7 @@ export class Peers {
   private newRemotePeer(info: HandshakePeerInfo, address: string): PeerRecord {
     const now = isoTime(this.clock.now());
     // A peer removed before and now added again starts an epoch above its tombstone.
-    const removed = this.store.tombstones().get(keyOf('peer', info.peer_id));
+    const removed = this.store.tombstone(keyOf('peer', info.peer_id));
     return {
       id: info.peer_id,
       name: '',
@@ -508,7 +508,8 @@ export class Peers {
     const iWin = survivingCluster(me, them) === me;
     const merged = iWin ? mergedClusterRecords(mine, theirs) : mergedClusterRecords(theirs, mine);
     this.replica.apply(merged);
-    if (removedTombstone(this.store, them.peer_id)) this.store.deleteTombstone(keyOf('peer', them.peer_id));
+    // A peer removed before and added again: its new record replaces the tombstone.
+    this.store.deleteTombstone(keyOf('peer', them.peer_id));
   }
 
   private prunePending(): void {
@@ -516,8 +517,6 @@ export class Peers {
     for (const [nonce, p] of this.pending) if (p.expiresAt <= now) this.pending.delete(nonce);
   }
 }
-
-const removedTombstone = (store: Store, peerId: string) => store.tombstones().has(keyOf('peer', peerId));
 
 const handshakeFailed = (message: string) => new ApiError('HANDSHAKE_FAILED', message);
 

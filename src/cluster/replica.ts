@@ -123,7 +123,7 @@ export class Replica {
   vkeyOf(key: string): string | undefined {
     const parts = splitKey(key);
     if (!parts) return undefined;
-    const tomb = this.store.tombstones().get(key)?.vkey;
+    const tomb = this.store.tombstone(key)?.vkey;
     switch (parts.kind) {
       case 'cluster':
         return this.store.agentState()?.clusterVkey || undefined;
@@ -144,7 +144,7 @@ export class Replica {
     if (!parts) return undefined;
     const state = this.store.agentState();
     if (!state) return undefined;
-    const tomb = this.store.tombstones().get(key);
+    const tomb = this.store.tombstone(key);
     switch (parts.kind) {
       case 'cluster':
         return clusterRecord(state.clusterId, state.clusterCreatedBy, state.clusterVkey);
@@ -230,7 +230,7 @@ export class Replica {
     const { kind, id } = splitKey(r.key)!;
     const nowMs = this.clock.now();
     if (r.body === null) {
-      const live = held !== undefined && !this.store.tombstones().has(r.key);
+      const live = held !== undefined && !this.store.tombstone(r.key);
       // An old deletion is history everywhere else: take it only where it still deletes something.
       if (vkeyWall(r.vkey) < nowMs - this.tombstoneHorizonMs && !live) return undefined;
       if (kind === 'peer' && id === this.localPeerId) {

@@ -262,6 +262,7 @@ export class Store {
          ON CONFLICT (key) DO UPDATE SET vkey = excluded.vkey, arrived_at = excluded.arrived_at`,
       ),
       deleteTombstone: db.prepare('DELETE FROM tombstones WHERE key = ?'),
+      tombstoneByKey: db.prepare('SELECT * FROM tombstones WHERE key = ?'),
       deletePeer: db.prepare('DELETE FROM peers WHERE id = ?'),
       activePeerIds: db.prepare('SELECT id FROM peers WHERE is_active = 1'),
       setCluster: db.prepare(
@@ -667,6 +668,15 @@ export class Store {
         { key: t.key, vkey: t.vkey, arrivedAt: t.arrived_at },
       ]),
     );
+  }
+
+  /** One tombstone by key: a single-row read inside a transaction, where merges look keys up. */
+  tombstone(key: string): TombstoneRecord | undefined {
+    if (!this.db.inTransaction) return this.snap().tombstones.get(key);
+    const t = this.stmts.tombstoneByKey.get(key) as
+      | { key: string; vkey: string; arrived_at: number }
+      | undefined;
+    return t && { key: t.key, vkey: t.vkey, arrivedAt: t.arrived_at };
   }
 
   putTombstone(t: TombstoneRecord): void {
