@@ -8,21 +8,22 @@ import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { assertError } from '../helpers/api-assertions.js';
 import type { ApiResponse } from '../helpers/api-client.js';
-import { eventually, startCluster, stopAll, waitConverged } from '../helpers/cluster.js';
+import {
+  del,
+  eventually,
+  expectStatus,
+  get,
+  post,
+  put,
+  startCluster,
+  stopAll,
+  waitConverged,
+} from '../helpers/cluster.js';
 import { makeVendor } from '../helpers/licenses.js';
 import type { Node } from '../helpers/nodes.js';
 
 const vendor = makeVendor();
 const LICENSE = { license_id: 'license-faults', max_nodes: 3, max_services: 10 };
-
-const get = (n: Node, path: string) => n.agent.client.get(path, { token: n.token });
-const put = (n: Node, path: string, json: unknown) => n.agent.client.put(path, { token: n.token, json });
-const post = (n: Node, path: string, json?: unknown) => n.agent.client.post(path, { token: n.token, json });
-const del = (n: Node, path: string) => n.agent.client.delete(path, { token: n.token });
-
-function expectStatus(res: ApiResponse, status: number, what: string): void {
-  assert.equal(res.status, status, `${what}: ${res.status} ${res.text}`);
-}
 
 async function setFaults(n: Node, blocked: string[]): Promise<void> {
   const res = await put(n, '/internal/v1/test/faults', { blocked_peer_ids: blocked, loss: 0 });

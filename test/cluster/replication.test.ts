@@ -8,8 +8,13 @@ import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import type { ApiResponse } from '../helpers/api-client.js';
 import {
+  del,
   eventually,
+  expectStatus,
   GOSSIP_INTERVAL_MS,
+  get,
+  post,
+  put,
   startCluster,
   startNode,
   stopAll,
@@ -22,15 +27,6 @@ import { join, type Node } from '../helpers/nodes.js';
 
 const vendor = makeVendor();
 const LICENSE = { license_id: 'license-replication', max_nodes: 5, max_services: 10 };
-
-const get = (n: Node, path: string) => n.agent.client.get(path, { token: n.token });
-const put = (n: Node, path: string, json: unknown) => n.agent.client.put(path, { token: n.token, json });
-const post = (n: Node, path: string, json?: unknown) => n.agent.client.post(path, { token: n.token, json });
-const del = (n: Node, path: string) => n.agent.client.delete(path, { token: n.token });
-
-function expectStatus(res: ApiResponse, status: number, what: string): void {
-  assert.equal(res.status, status, `${what}: ${res.status} ${res.text}`);
-}
 
 /** Polls every node until `check` holds on it; the message names the node and the last answer. */
 async function onEvery(

@@ -6,6 +6,7 @@
  */
 import assert from 'node:assert/strict';
 import { AgentProcess } from './agent-process.js';
+import type { ApiResponse } from './api-client.js';
 import type { Vendor } from './licenses.js';
 import { bootstrapNode, join, type Node } from './nodes.js';
 
@@ -160,4 +161,16 @@ export async function waitConverged(nodes: readonly Node[], ms = 15_000): Promis
     }
     await new Promise((r) => setTimeout(r, 100));
   }
+}
+
+/** Requests as a node's admin: the shorthands the cluster tests write their steps in. */
+export const get = (n: Node, path: string) => n.agent.client.get(path, { token: n.token });
+export const put = (n: Node, path: string, json: unknown) =>
+  n.agent.client.put(path, { token: n.token, json });
+export const post = (n: Node, path: string, json?: unknown) =>
+  n.agent.client.post(path, { token: n.token, json });
+export const del = (n: Node, path: string) => n.agent.client.delete(path, { token: n.token });
+
+export function expectStatus(res: ApiResponse, status: number, what: string): void {
+  assert.equal(res.status, status, `${what}: ${res.status} ${res.text}`);
 }
