@@ -172,11 +172,24 @@ describe('Allocator.decide: services', { timeout: 30_000 }, () => {
   it('refuses a pair that is reserved or stored: ALREADY_EXISTS', () => {
     const { store, allocator } = setup({ maxServices: 10 }, peers);
     allocator.decide(svc('s1', LOCAL, P1));
-    throwsCode(() => allocator.decide(svc('s2', LOCAL, P1)), 'ALREADY_EXISTS');
+    // Asked by another agent (P2) for the same pair.
+    throwsCode(() => allocator.decide(svc('s2', LOCAL, P1), P2), 'ALREADY_EXISTS');
     // The reverse direction is another pair.
     allocator.decide(svc('s3', P1, LOCAL));
     store.insertService(service('s9', P2, P3));
     throwsCode(() => allocator.decide(svc('s4', P2, P3)), 'ALREADY_EXISTS');
+  });
+
+  it("a requester's new request for a pair replaces its own abandoned reservation on it", () => {
+    // P2 was granted s1 on (LOCAL, P1), then was killed before it committed: the restarted P2
+    // asks again for the pair with a new id and must not wait for the 30 s reservation.
+    const { allocator } = setup({ maxServices: 1 }, peers);
+    allocator.decide(svc('s1', LOCAL, P1), P2);
+    allocator.decide(svc('s2', LOCAL, P1), P2);
+    // The replaced reservation no longer counts: the only slot is s2's, not s1's and s2's.
+    throwsCode(() => allocator.decide(svc('s3', P1, P3), P3), 'SERVICE_LIMIT_EXCEEDED');
+    // Another agent still finds the pair taken.
+    throwsCode(() => allocator.decide(svc('s4', LOCAL, P1), P3), 'ALREADY_EXISTS');
   });
 
   it('reservations expire after RESERVATION_TTL_MS', () => {
@@ -184,7 +197,7 @@ describe('Allocator.decide: services', { timeout: 30_000 }, () => {
     allocator.decide(svc('s1', LOCAL, P1));
     clock.advance(RESERVATION_TTL_MS - 1);
     throwsCode(() => allocator.decide(svc('s2', LOCAL, P2)), 'SERVICE_LIMIT_EXCEEDED');
-    throwsCode(() => allocator.decide(svc('s3', LOCAL, P1)), 'ALREADY_EXISTS');
+    throwsCode(() => allocator.decide(svc('s3', LOCAL, P1), P2), 'ALREADY_EXISTS');
     clock.advance(1);
     allocator.decide(svc('s2', LOCAL, P2));
     // s1's pair is free again too (s2 now holds the only slot, so use the limit elsewhere).
@@ -361,12 +374,12 @@ describe('Allocator.admit', { timeout: 30_000 }, () => {
     const remote = new Allocator(b.store, P1, b.clock);
     a.allocator.connect(async (to, request) => {
       assert.equal(to.id, P1);
-      return remote.answer(request);
+      return remote.answer(request, LOCAL);
     });
     await a.allocator.admitService(service('s1', LOCAL, P1));
     await rejectsCode(a.allocator.admitService(service('s2', P1, LOCAL)), 'SERVICE_LIMIT_EXCEEDED', 422);
     // An agent that is not the allocator says so instead of deciding.
-    const notMe = a.allocator.answer(svc('s3', P1, LOCAL));
+    const notMe = a.allocator.answer(svc('s3', P1, LOCAL), P2);
     assert.equal(notMe.granted, false);
     assert.equal(!notMe.granted && notMe.code, 'UNAVAILABLE');
   });
@@ -379,13 +392,13 @@ describe('Allocator: racing creates at max - 1', { timeout: 30_000 }, () => {
     home.store.insertService(service('s0', P1, P2));
     const remote = new Allocator(home.store, P1, home.clock);
     const agents = [setup({ maxServices: 2 }, peersOf), setup({ maxServices: 2 }, peersOf)];
-    for (const a of agents) {
+    agents.forEach((a, i) => {
       // Each request reaches the allocator after its own network delay.
       a.allocator.connect(async (_to, request) => {
         await new Promise((r) => setImmediate(r));
-        return remote.answer(request);
+        return remote.answer(request, id(20 + i));
       });
-    }
+    });
     const results = await Promise.allSettled([
       agents[0]!.allocator.admitService(service('x1', LOCAL, P1)),
       agents[1]!.allocator.admitService(service('x2', LOCAL, P2)),

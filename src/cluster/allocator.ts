@@ -35,7 +35,15 @@ export type AdmissionRequest =
   | { kind: 'service'; id: string; source_peer_id: string; target_peer_id: string }
   | { kind: 'peers'; ids: string[] };
 
-export type AdmissionAnswer = { granted: true } | { granted: false; code: ErrorCode; error: string };
+export type AdmissionAnswer =
+  | { granted: true }
+  | {
+      granted: false;
+      code: ErrorCode;
+      error: string;
+      /** On ALREADY_EXISTS for a service: the id of the service the allocator holds on the pair. */
+      occupant?: string;
+    };
 
 /** Sends an admission request to the allocator peer; rejects when it cannot be reached. */
 export type AdmissionCall = (allocator: PeerRecord, request: AdmissionRequest) => Promise<AdmissionAnswer>;
@@ -43,6 +51,8 @@ export type AdmissionCall = (allocator: PeerRecord, request: AdmissionRequest) =
 interface Reservation {
   kind: 'service' | 'peer';
   pair?: string;
+  /** The agent the admission was granted to. */
+  requester: string;
   expiresAt: number;
 }
 
@@ -119,21 +129,30 @@ export class Allocator implements Admission {
     }
   }
 
-  /** The allocator's decision (on this agent): grants and reserves, or throws the API error. */
-  decide(request: AdmissionRequest): void {
+  /**
+   * The allocator's decision (on this agent): grants and reserves, or throws the API error.
+   *
+   * A requester's own earlier reservation on the same pair does not block it: the requester
+   * commits at most one service per pair (its own store re-checks the pair in the write), so a
+   * new request means the earlier one was abandoned (refused locally, or the requester was
+   * killed before it committed) and it is replaced, not left to hold the pair for 30 s.
+   */
+  decide(request: AdmissionRequest, requester: string = this.localPeerId): void {
     const state = this.store.agentState();
     if (!state) throw new ApiError('UNAVAILABLE', 'the allocator is not bootstrapped');
     this.prune();
     if (request.kind === 'service') {
       const pair = `${request.source_peer_id} ${request.target_peer_id}`;
-      const reservedPair = [...this.reservations].some(
+      for (const [id, r] of this.reservations) {
+        if (r.pair === pair && r.requester === requester && id !== request.id) this.reservations.delete(id);
+      }
+      const reserved = [...this.reservations].find(
         ([id, r]) => r.pair === pair && id !== request.id && !this.store.service(id),
       );
-      if (this.store.serviceIdForPair(request.source_peer_id, request.target_peer_id) || reservedPair) {
-        throw new ApiError(
-          'ALREADY_EXISTS',
-          'a service from this source peer to this target peer already exists',
-        );
+      const occupant =
+        this.store.serviceIdForPair(request.source_peer_id, request.target_peer_id) ?? reserved?.[0];
+      if (occupant) {
+        throw new PairTaken(occupant);
       }
       const pending = [...this.reservations].filter(
         ([id, r]) => r.kind === 'service' && id !== request.id && !this.store.service(id),
@@ -148,6 +167,7 @@ export class Allocator implements Admission {
       this.reservations.set(request.id, {
         kind: 'service',
         pair,
+        requester,
         expiresAt: this.clock.now() + RESERVATION_TTL_MS,
       });
       return;
@@ -164,13 +184,17 @@ export class Allocator implements Admission {
     }
     for (const id of request.ids) {
       if (!this.store.peer(id)) {
-        this.reservations.set(id, { kind: 'peer', expiresAt: this.clock.now() + RESERVATION_TTL_MS });
+        this.reservations.set(id, {
+          kind: 'peer',
+          requester,
+          expiresAt: this.clock.now() + RESERVATION_TTL_MS,
+        });
       }
     }
   }
 
   /** Answers a request from another agent, as the allocator. */
-  answer(request: AdmissionRequest): AdmissionAnswer {
+  answer(request: AdmissionRequest, requester: string): AdmissionAnswer {
     try {
       const self = this.allocator();
       if (self && self.id !== this.localPeerId) {
@@ -180,9 +204,12 @@ export class Allocator implements Admission {
           error: `this agent is not the allocator; ${self.id} is`,
         };
       }
-      this.decide(request);
+      this.decide(request, requester);
       return { granted: true };
     } catch (err) {
+      if (err instanceof PairTaken) {
+        return { granted: false, code: err.code, error: err.message, occupant: err.occupant };
+      }
       if (err instanceof ApiError) return { granted: false, code: err.code, error: err.message };
       throw err;
     }
@@ -196,6 +223,13 @@ export class Allocator implements Admission {
       const landed = r.kind === 'service' ? this.store.service(id) : this.store.peer(id);
       if (r.expiresAt <= now || landed || this.store.tombstone(key)) this.reservations.delete(id);
     }
+  }
+}
+
+/** ALREADY_EXISTS for a service pair, naming the service the allocator holds on it. */
+class PairTaken extends ApiError {
+  constructor(readonly occupant: string) {
+    super('ALREADY_EXISTS', 'a service from this source peer to this target peer already exists');
   }
 }
 

@@ -36,7 +36,7 @@ import type { GossipMetrics } from './gossip-metrics.js';
 import type { GossipTransport } from './gossip-transport.js';
 import type { Identity } from './identity.js';
 import type { Replica } from './replica.js';
-import type { WireRecord } from './replicated-records.js';
+import { keyOf, type WireRecord } from './replicated-records.js';
 
 export interface GossipConfig {
   /** Heartbeat (probe) interval; default 1000 ms. */
@@ -390,12 +390,33 @@ export class Gossip {
 
   // --- allocation --------------------------------------------------------------------------------
 
+  /**
+   * Asks the allocator. When it holds a service on the pair that this agent knows deleted (the
+   * tombstone has not reached it yet: this agent was killed between the delete and its push, or
+   * the push was lost), the request is sent once more carrying that tombstone, which the
+   * allocator merges before it decides, so a pair freed here is free there too.
+   */
   private async allocate(allocator: PeerRecord, request: AdmissionRequest): Promise<AdmissionAnswer> {
-    const answer = (await this.request(allocator, 'allocate', { request }, this.slowTimeout())) as {
+    const answer = await this.allocateOnce(allocator, request, []);
+    if (answer.granted || answer.code !== 'ALREADY_EXISTS' || typeof answer.occupant !== 'string') {
+      return answer;
+    }
+    const known = this.deps.replica.record(keyOf('service', answer.occupant));
+    if (!known || known.body !== null) return answer;
+    return this.allocateOnce(allocator, request, [known]);
+  }
+
+  private async allocateOnce(
+    allocator: PeerRecord,
+    request: AdmissionRequest,
+    records: WireRecord[],
+  ): Promise<AdmissionAnswer> {
+    const body = records.length > 0 ? { request, records } : { request };
+    const reply = (await this.request(allocator, 'allocate', body, this.slowTimeout())) as {
       answer?: AdmissionAnswer;
     };
-    if (!answer.answer || typeof answer.answer.granted !== 'boolean') throw new Error('malformed answer');
-    return answer.answer;
+    if (!reply.answer || typeof reply.answer.granted !== 'boolean') throw new Error('malformed answer');
+    return reply.answer;
   }
 
   // --- sending -----------------------------------------------------------------------------------
@@ -555,9 +576,11 @@ export class Gossip {
         answer = this.answerDigest(body.entries);
         break;
       case 'allocate':
+        // Records the requester knows and the decision depends on (see allocate()) come first.
+        if (Array.isArray(body.records)) this.merge(body.records.slice(0, MAX_RECORDS_PER_MESSAGE));
         answer = {
           answer: isAdmissionRequest(body.request)
-            ? this.deps.allocator.answer(body.request)
+            ? this.deps.allocator.answer(body.request, p.from)
             : { granted: false, code: 'UNAVAILABLE', error: 'malformed admission request' },
         };
         break;
