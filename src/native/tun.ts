@@ -1,0 +1,221 @@
+/**
+ * TUN devices for the data plane: the only module that loads the native addon (build/Release/mesh_native.node,
+ * built by `npm install` through node-gyp from binding.gyp and native/tun.cc). It opens a Linux TUN device
+ * (IFF_TUN | IFF_NO_PI, one queue, not persistent: the device disappears when it is closed or the process
+ * dies), hands the packets the kernel routes into it to one listener in batches, and writes batches of
+ * packets back. Reading is driven by the event loop (uv_poll), never by a thread.
+ *
+ * Link state, addresses, routes and (unless `mtu` is given) the MTU are set by the caller with `ip`
+ * (the data plane's kernel port); this module only owns the file descriptor.
+ *
+ * Used by src/transports and src/dataplane; imports nothing but Node built-ins.
+ */
+import { existsSync, readFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+export interface TunOptions {
+  /** MTU to set on the new device (SIOCSIFMTU); left as the kernel's default (1500) when absent. */
+  mtu?: number;
+  /**
+   * A network namespace file (e.g. /run/netns/<name>) to create the device in. The calling thread enters it
+   * for the open and the ioctls only and comes back: the device lives there, the fd stays with this process.
+   */
+  netnsPath?: string;
+  /** Most packets handed to the listener at once (default 64). */
+  batchPackets?: number;
+  /** A batch ends once it holds this many bytes (default 256 KiB; one packet may go past it). */
+  batchBytes?: number;
+}
+
+export interface TunStats {
+  packetsRead: number;
+  bytesRead: number;
+  /** Listener calls: packetsRead / readBatches is the mean batch size. */
+  readBatches: number;
+  readErrors: number;
+  packetsWritten: number;
+  bytesWritten: number;
+  /** Packets the kernel refused on write (ENOBUFS, EINVAL for a malformed packet, EIO while down, ...). */
+  writeDrops: number;
+  /** errno code of the last refused write, null if none. */
+  lastWriteError: string | null;
+}
+
+/** Receives each batch read from the device; the buffers are views into one buffer per batch. */
+export type PacketListener = (packets: Buffer[]) => void;
+/** A read failure: the device stops polling; a system error with code, errno and syscall. */
+export type TunErrorListener = (error: NodeJS.ErrnoException) => void;
+
+interface NativeTun {
+  ifname(): string;
+  lengths(): Uint32Array;
+  resume(): void;
+  pause(): void;
+  write(packets: readonly Uint8Array[]): number;
+  writeBatch(buffer: Uint8Array, lengths: Uint32Array, count: number): number;
+  close(): void;
+  stats(): TunStats;
+}
+
+interface NativeAddon {
+  Tun?: new (
+    name: string,
+    netnsPath: string | null,
+    mtu: number,
+    batchPackets: number,
+    batchBytes: number,
+    onBatch: (batch: Buffer, count: number) => void,
+    onError: (error: NodeJS.ErrnoException) => void,
+  ) => NativeTun;
+}
+
+const ADDON_PATH = 'build/Release/mesh_native.node';
+let addon: NativeAddon | undefined;
+
+/** The directory of this package's package.json: src/native/ from source, dist/src/native/ when built. */
+function packageRoot(): string {
+  let dir = dirname(fileURLToPath(import.meta.url));
+  for (;;) {
+    const manifest = join(dir, 'package.json');
+    if (
+      existsSync(manifest) &&
+      (JSON.parse(readFileSync(manifest, 'utf8')) as { name?: string }).name === 'mesh-agent'
+    )
+      return dir;
+    const parent = dirname(dir);
+    if (parent === dir)
+      throw new Error('mesh-agent package root not found above ' + fileURLToPath(import.meta.url));
+    dir = parent;
+  }
+}
+
+/** Loaded on first use, so that importing this module (for its types) never needs the built addon. */
+function loadAddon(): NativeAddon {
+  if (addon) return addon;
+  const root = packageRoot();
+  try {
+    addon = createRequire(join(root, 'package.json'))(`./${ADDON_PATH}`) as NativeAddon;
+  } catch (e) {
+    throw new Error(
+      `cannot load the native addon ${join(root, ADDON_PATH)} (build it with npm install, or node-gyp rebuild): ${(e as Error).message}`,
+      { cause: e },
+    );
+  }
+  return addon;
+}
+
+/** An open TUN device. Not reading until a packet listener is set; closed only by close(). */
+export class TunDevice {
+  /** The interface name, exactly as asked for. */
+  readonly name: string;
+  readonly #native: NativeTun;
+  readonly #lengths: Uint32Array;
+  #listener: PacketListener | null = null;
+  #errorListener: TunErrorListener | null = null;
+  #paused = false;
+  #closed = false;
+
+  /** @internal use openTun */
+  constructor(name: string, opts: TunOptions) {
+    const Native = loadAddon().Tun;
+    if (!Native) throw new Error(`TUN devices are Linux-only (this is ${process.platform})`);
+    this.#native = new Native(
+      name,
+      opts.netnsPath ?? null,
+      opts.mtu ?? 0,
+      opts.batchPackets ?? 64,
+      opts.batchBytes ?? 256 * 1024,
+      (batch, count) => this.#dispatch(batch, count),
+      (error) => this.#fail(error),
+    );
+    this.name = this.#native.ifname();
+    this.#lengths = this.#native.lengths();
+  }
+
+  get closed(): boolean {
+    return this.#closed;
+  }
+
+  /** Sets (or with null removes) the one packet listener; reading runs while one is set and not paused. */
+  onPackets(listener: PacketListener | null): void {
+    this.#listener = listener;
+    this.#updatePolling();
+  }
+
+  /** Sets the read error listener; without one a read error is thrown as an uncaught exception. */
+  onError(listener: TunErrorListener | null): void {
+    this.#errorListener = listener;
+  }
+
+  /** Stops reading (back-pressure): packets wait in the kernel's queue (txqueuelen) and then drop there. */
+  pause(): void {
+    this.#paused = true;
+    this.#updatePolling();
+  }
+
+  resume(): void {
+    this.#paused = false;
+    this.#updatePolling();
+  }
+
+  /**
+   * Writes each packet with one write() (a TUN fd takes one packet per write) in a single call into native
+   * code. Returns how many the kernel took; refused ones are counted in stats().writeDrops. 0 once closed.
+   */
+  write(packets: readonly Uint8Array[]): number {
+    return this.#native.write(packets);
+  }
+
+  /** The same for `count` packets laid end to end in one buffer, lengths[i] bytes each. */
+  writeBatch(buffer: Uint8Array, lengths: Uint32Array, count: number = lengths.length): number {
+    return this.#native.writeBatch(buffer, lengths, count);
+  }
+
+  /** Stops reading and closes the fd, which deletes the device. Idempotent; safe inside the listener. */
+  close(): void {
+    if (this.#closed) return;
+    this.#closed = true;
+    this.#listener = null;
+    this.#native.close();
+  }
+
+  stats(): TunStats {
+    return this.#native.stats();
+  }
+
+  #updatePolling(): void {
+    if (this.#closed) return;
+    if (this.#listener && !this.#paused) this.#native.resume();
+    else this.#native.pause();
+  }
+
+  #dispatch(batch: Buffer, count: number): void {
+    const listener = this.#listener;
+    if (!listener) return;
+    const lengths = this.#lengths;
+    const packets = new Array<Buffer>(count);
+    let offset = 0;
+    for (let i = 0; i < count; i++) {
+      const end = offset + lengths[i]!;
+      packets[i] = batch.subarray(offset, end);
+      offset = end;
+    }
+    listener(packets);
+  }
+
+  #fail(error: NodeJS.ErrnoException): void {
+    if (!this.#errorListener) throw error;
+    this.#errorListener(error);
+  }
+}
+
+/**
+ * Creates the TUN device `name` (1-15 of [A-Za-z0-9._-]) and opens it. Throws a system error (code EPERM
+ * without CAP_NET_ADMIN, EBUSY if a device of that name exists, EINVAL for a bad name, ENOENT for a
+ * missing namespace) with a message saying what failed.
+ */
+export function openTun(name: string, opts: TunOptions = {}): TunDevice {
+  return new TunDevice(name, opts);
+}
