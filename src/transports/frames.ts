@@ -1,0 +1,206 @@
+/**
+ * The tcp transport's framing inside its TLS stream (src/transports/tcp.ts only).
+ *
+ * Wire format, the same in both directions, frames back to back:
+ *
+ *     frame   = type:u8  length:u24 (big-endian)  payload[length]
+ *     type 1  DATA  payload = one message, 0..65536 bytes
+ *     type 2  PING  payload = 8 opaque bytes (the sender's monotonic clock)
+ *     type 3  PONG  payload = the 8 bytes of the PING it answers
+ *     type 4  ACCEPT  no payload: the acceptor's first frame, sent once it has authenticated the
+ *                     dialer and adopted the connection (the dialer counts the tunnel up only then,
+ *                     not when its own TLS handshake ends, which in TLS 1.3 is before the acceptor
+ *                     has checked the dialer's certificate)
+ *
+ * Anything else (an unknown type, a DATA payload over 65536 bytes, a PING or PONG that is not 8
+ * bytes, an ACCEPT with a payload, or out of place) is a protocol error and the connection is
+ * closed. TLS already authenticates and orders
+ * every byte, so frames carry no checksum or sequence number; the version is that of the HTTP
+ * Upgrade token (`mesh-tunnel/1`).
+ */
+import { MAX_MESSAGE_BYTES } from './tunnel.js';
+
+export const FRAME_HEADER_BYTES = 4;
+export const FRAME_DATA = 1;
+export const FRAME_PING = 2;
+export const FRAME_PONG = 3;
+export const FRAME_ACCEPT = 4;
+export const PING_PAYLOAD_BYTES = 8;
+
+/**
+ * DATA frames for all messages in one buffer (one TLS write per batch; TLS would copy separate
+ * chunks into one record anyway). The caller has checked each message's size.
+ */
+export function encodeDataFrames(messages: readonly Buffer[]): Buffer {
+  let total = 0;
+  for (const m of messages) total += FRAME_HEADER_BYTES + m.length;
+  const out = Buffer.allocUnsafe(total);
+  let at = 0;
+  for (const m of messages) {
+    out.writeUInt32BE((FRAME_DATA << 24) | m.length, at);
+    at += FRAME_HEADER_BYTES;
+    at += m.copy(out, at);
+  }
+  return out;
+}
+
+export function encodeControlFrame(type: typeof FRAME_PING | typeof FRAME_PONG, payload: Buffer): Buffer {
+  const out = Buffer.allocUnsafe(FRAME_HEADER_BYTES + PING_PAYLOAD_BYTES);
+  out.writeUInt32BE((type << 24) | PING_PAYLOAD_BYTES, 0);
+  payload.copy(out, FRAME_HEADER_BYTES, 0, PING_PAYLOAD_BYTES);
+  return out;
+}
+
+/** The acceptor's first frame. */
+export const ACCEPT_FRAME: Buffer = Buffer.from([FRAME_ACCEPT, 0, 0, 0]);
+
+export interface FrameSink {
+  /** A valid frame. The payload may be a view into a received chunk; it is the sink's to keep. */
+  frame(type: number, payload: Buffer): void;
+}
+
+/**
+ * Splits a byte stream into frames. A frame inside one chunk is handed over as a view of it (no
+ * copy); a frame spanning chunks is copied once, when its last byte arrives, so each byte is
+ * copied at most once whatever the chunk boundaries.
+ */
+export class FrameDecoder {
+  /** Chunks holding the start of an incomplete frame; `offset` bytes of the first are consumed. */
+  private pending: Buffer[] = [];
+  private offset = 0;
+  private buffered = 0;
+  private failed: string | undefined;
+  private readonly scratch = Buffer.alloc(FRAME_HEADER_BYTES);
+
+  constructor(private readonly sink: FrameSink) {}
+
+  /** Feeds a chunk. Returns a description of the protocol error, if any; later chunks are ignored. */
+  push(chunk: Buffer): string | undefined {
+    if (this.failed !== undefined) return this.failed;
+    if (chunk.length === 0) return undefined;
+    if (this.buffered === 0) return this.parse(chunk);
+    this.pending.push(chunk);
+    this.buffered += chunk.length;
+    for (;;) {
+      if (this.buffered < FRAME_HEADER_BYTES) return undefined;
+      const header = this.peekHeader();
+      const length = header & 0xff_ffff;
+      const error = check(header >>> 24, length);
+      if (error) return this.fail(error);
+      if (this.buffered < FRAME_HEADER_BYTES + length) return undefined;
+      this.skip(FRAME_HEADER_BYTES);
+      const payload = this.take(length);
+      this.sink.frame(header >>> 24, payload);
+      if (this.failed !== undefined) return this.failed;
+      if (this.pending.length === 1) {
+        // Back to the single-buffer path for whatever follows in the last chunk.
+        const rest = this.pending[0]!.subarray(this.offset);
+        this.reset();
+        return rest.length > 0 ? this.parse(rest) : undefined;
+      }
+      if (this.buffered === 0) {
+        this.reset();
+        return undefined;
+      }
+    }
+  }
+
+  /** Frames directly out of one buffer; keeps the incomplete tail (a view) for the next chunk. */
+  private parse(buf: Buffer): string | undefined {
+    let at = 0;
+    while (buf.length - at >= FRAME_HEADER_BYTES) {
+      const header = buf.readUInt32BE(at);
+      const length = header & 0xff_ffff;
+      const error = check(header >>> 24, length);
+      if (error) return this.fail(error);
+      const end = at + FRAME_HEADER_BYTES + length;
+      if (end > buf.length) break;
+      this.sink.frame(header >>> 24, buf.subarray(at + FRAME_HEADER_BYTES, end));
+      at = end;
+      // A sink may have failed us (it closed the connection): stop at once.
+      if (this.failed !== undefined) return this.failed;
+    }
+    if (at < buf.length) {
+      this.pending = [buf.subarray(at)];
+      this.offset = 0;
+      this.buffered = buf.length - at;
+    }
+    return undefined;
+  }
+
+  /** Stops decoding: later chunks are ignored (the connection is closing). */
+  stop(reason: string): void {
+    this.fail(reason);
+  }
+
+  private fail(error: string): string {
+    this.failed = error;
+    this.reset();
+    return error;
+  }
+
+  private reset(): void {
+    this.pending = [];
+    this.offset = 0;
+    this.buffered = 0;
+  }
+
+  private peekHeader(): number {
+    const first = this.pending[0]!;
+    if (first.length - this.offset >= FRAME_HEADER_BYTES) return first.readUInt32BE(this.offset);
+    let filled = 0;
+    let index = 0;
+    let from = this.offset;
+    while (filled < FRAME_HEADER_BYTES) {
+      const chunk = this.pending[index++]!;
+      filled += chunk.copy(
+        this.scratch,
+        filled,
+        from,
+        Math.min(chunk.length, from + FRAME_HEADER_BYTES - filled),
+      );
+      from = 0;
+    }
+    return this.scratch.readUInt32BE(0);
+  }
+
+  private skip(n: number): void {
+    this.take(n);
+  }
+
+  /** Removes n buffered bytes: a view if they sit in one chunk, else one copy. */
+  private take(n: number): Buffer {
+    this.buffered -= n;
+    const first = this.pending[0]!;
+    if (first.length - this.offset >= n) {
+      const out = first.subarray(this.offset, this.offset + n);
+      this.offset += n;
+      if (this.offset === first.length && this.pending.length > 1) {
+        this.pending.shift();
+        this.offset = 0;
+      }
+      return out;
+    }
+    const out = Buffer.allocUnsafe(n);
+    let filled = 0;
+    while (filled < n) {
+      const chunk = this.pending[0]!;
+      const copied = chunk.copy(out, filled, this.offset, Math.min(chunk.length, this.offset + n - filled));
+      filled += copied;
+      this.offset += copied;
+      if (this.offset === chunk.length && this.pending.length > 1) {
+        this.pending.shift();
+        this.offset = 0;
+      }
+    }
+    return out;
+  }
+}
+
+function check(type: number, length: number): string | undefined {
+  if (type === FRAME_DATA) return length <= MAX_MESSAGE_BYTES ? undefined : `DATA frame of ${length} bytes`;
+  if (type === FRAME_PING || type === FRAME_PONG)
+    return length === PING_PAYLOAD_BYTES ? undefined : `control frame of ${length} bytes`;
+  if (type === FRAME_ACCEPT) return length === 0 ? undefined : `ACCEPT frame of ${length} bytes`;
+  return `unknown frame type ${type}`;
+}

@@ -1,0 +1,131 @@
+/**
+ * The Tunnel contract every transport keeps (issue 5, data plane): one authenticated, ordered
+ * message pipe per pair of peers, kept up by the transport, carrying opaque messages (IP packets)
+ * of at most 64 KiB. The dataplane uses only these types; transports (tcp, memory, later kcp)
+ * implement them, and test/compliance/tunnel-suite.ts holds every transport to the same rules.
+ * Imported by src/transports and src/dataplane; imports nothing.
+ */
+
+/** The largest message a tunnel carries: an IP packet never exceeds 64 KiB. */
+export const MAX_MESSAGE_BYTES = 65_536;
+
+/**
+ * `up`: a connection to the peer is authenticated and carrying messages.
+ * `connecting`: this side is dialing the peer.
+ * `down`: not connected; the dialing side retries after a backoff, the other side waits.
+ */
+export type TunnelState = 'connecting' | 'up' | 'down';
+
+export interface TunnelStats {
+  /** Payload bytes of the messages handed to a connection (framing not counted). */
+  bytesSent: number;
+  /** Payload bytes of the messages delivered from the peer. */
+  bytesReceived: number;
+  messagesSent: number;
+  messagesReceived: number;
+  /** Messages dropped by send(): the tunnel was not up, or the message was over 64 KiB. */
+  dropped: number;
+  /** Connections that came up (the first and every reconnection or replacement). */
+  connects: number;
+  /** The last round-trip time measured on a connection, kept after it closes; null if none yet. */
+  lastRttMs: number | null;
+}
+
+export interface Tunnel {
+  readonly peerId: string;
+  readonly state: TunnelState;
+  /**
+   * Queues messages for the peer, in order, coalesced into as few writes as possible. The
+   * transport copies them before returning: the caller may reuse the buffers at once.
+   * Returns false when the bytes waiting to be written exceed the high-water mark: the caller
+   * should pause its input until the transport's `drain` event for this peer (the messages of
+   * this call are queued all the same). While not up, messages are dropped and counted (they are
+   * IP packets; the protocols inside recover) and send returns true, as there is nothing to wait
+   * for. A message over 64 KiB is dropped and counted too.
+   */
+  send(messages: readonly Buffer[]): boolean;
+  stats(): TunnelStats;
+}
+
+/** Provided by the agent from the replicated store. Only ACTIVE cluster peers are visible. */
+export interface PeerDirectory {
+  /** The ACTIVE cluster peer that owns this raw 32-byte Ed25519 public key, if any. */
+  peerByKey(rawPublicKey: Buffer): { id: string } | undefined;
+  /** Raw public key and address ("host:port", IPv6 in brackets) of an ACTIVE peer, if any. */
+  peer(peerId: string): { publicKey: Buffer; address: string } | undefined;
+}
+
+export interface TunnelTransportEvents {
+  /** One message from the peer. The buffer is the receiver's to keep. */
+  message(peerId: string, message: Buffer): void;
+  /** Every change of a tunnel's state, including `down` when a tunnel is released or closed. */
+  state(peerId: string, state: TunnelState): void;
+  /**
+   * After send() returned false: the backlog fell below the high-water mark, or the connection
+   * was lost (sends are dropped now, so there is no reason to keep the input paused).
+   */
+  drain(peerId: string): void;
+}
+
+/**
+ * Why a transport refused or dropped a connection, counted by faults():
+ * - `upgrade`: an HTTP request for the tunnel that was not a valid upgrade, or a dialed peer
+ *   that did not answer 101;
+ * - `handshake`: the TLS handshake failed or timed out;
+ * - `certificate`: no peer certificate, or not a valid self-signed Ed25519 one;
+ * - `unknown-peer`: the key belongs to no active peer (unknown, removed, inactive);
+ * - `wrong-key`: the dialed peer presented a key other than the directory's;
+ * - `not-dialer`: an inbound connection from a peer whose id is not lower than ours (the lower
+ *   id dials; accepting both directions would let two connections fight over the pair);
+ * - `resumed`: a resumed TLS session (never offered by our dialer, so not ours);
+ * - `busy`: too many handshakes in progress;
+ * - `protocol`: a malformed frame from an authenticated peer;
+ * - `corrupt`: a TLS record failed to authenticate after the handshake (tampering);
+ * - `dead`: nothing received for deadAfterMs;
+ * - `revoked`: revalidate() found the peer no longer active.
+ */
+export type FaultReason =
+  | 'upgrade'
+  | 'handshake'
+  | 'certificate'
+  | 'unknown-peer'
+  | 'wrong-key'
+  | 'not-dialer'
+  | 'resumed'
+  | 'busy'
+  | 'protocol'
+  | 'corrupt'
+  | 'dead'
+  | 'revoked';
+
+export interface TunnelTransport {
+  /** 'tcp' | 'memory' | later 'kcp'. */
+  readonly kind: string;
+  /**
+   * Keeps a tunnel to the peer: the side with the LOWER peer id dials (and redials with backoff);
+   * the other side waits for it. Idempotent. Throws for our own id.
+   */
+  ensure(peerId: string): Tunnel;
+  /**
+   * Stops keeping it: closes the connection; this side does not redial. (If the peer still keeps
+   * its side and is the dialer, it reconnects, and the connection is accepted as any inbound one.)
+   */
+  release(peerId: string): void;
+  /** The tunnel to the peer: ensured, or up because the peer connected. */
+  tunnel(peerId: string): Tunnel | undefined;
+  /** Re-checks every open connection against the directory: closes those of peers no longer active. */
+  revalidate(): void;
+  /** Connections refused or dropped, by reason, since start. */
+  faults(): Readonly<Record<FaultReason, number>>;
+  on<E extends keyof TunnelTransportEvents>(event: E, listener: TunnelTransportEvents[E]): this;
+  off<E extends keyof TunnelTransportEvents>(event: E, listener: TunnelTransportEvents[E]): this;
+  /** Closes every connection and stops dialing; the transport is unusable afterwards. */
+  close(): Promise<void>;
+}
+
+/** The part of a pino logger the transports use. */
+export interface TransportLogger {
+  info(details: object, message: string): void;
+  warn(details: object, message: string): void;
+  debug(details: object, message: string): void;
+}
