@@ -45,9 +45,17 @@ constexpr size_t kMaxPacket = 65536;
 constexpr uint32_t kMaxBatchPackets = 4096;
 constexpr size_t kMaxBatchBytes = 16u << 20;
 
+// libuv's names match Node's (err.code); errnos libuv does not know (EBADFD from a deleted device, say)
+// take glibc's name instead of "Unknown system error".
 std::string ErrnoCode(int err) {
-  const char* name = uv_err_name(-err);
-  return name != nullptr ? std::string(name) : std::string("E") + std::to_string(err);
+  char buf[64];
+  const char* name = uv_err_name_r(-err, buf, sizeof buf);
+  if (strncmp(name, "Unknown", 7) != 0) return name;
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
+  const char* glibc = strerrorname_np(err);
+  if (glibc != nullptr) return glibc;
+#endif
+  return "E" + std::to_string(err);
 }
 
 // A JS Error shaped like Node's own system errors: code ('EBUSY'), errno (negative, as Node reports it)
@@ -427,7 +435,9 @@ class Tun : public Napi::ObjectWrap<Tun> {
     if (status < 0) {
       StopPolling();
       readErrors_++;
-      EmitError(self, SystemError(env, -status, "uv_poll", "polling TUN device '" + name_ + "' failed"));
+      // POLLERR: the device was deleted under the open fd (ip link del, or its namespace went away).
+      EmitError(self, SystemError(env, -status, "uv_poll",
+                                  "TUN device '" + name_ + "' failed while polling (deleted?)"));
       return;
     }
     uint8_t* base = scratch_.data();

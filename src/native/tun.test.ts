@@ -470,16 +470,67 @@ describe('native TUN addon (real kernel, root)', { timeout: 120_000 }, () => {
 
   it('a packet the kernel refuses is a counted drop, not an exception; a non-buffer is a TypeError', () => {
     const dev = open();
+    const early = udpV4('10.77.9.2', '10.77.9.1', 1, 9, seqPayload(0, 8));
+    assert.equal(dev.write([early]), 0, 'link still down');
+    assert.equal(dev.stats().lastWriteError, 'EIO');
     up(dev, '10.77.9.1/24');
     const good = udpV4('10.77.9.2', '10.77.9.1', 1, 9, seqPayload(1, 8));
     const notIp = Buffer.alloc(28); // version nibble 0: neither IPv4 nor IPv6
     assert.equal(dev.write([good, notIp, good]), 2);
     const s = dev.stats();
     assert.equal(s.packetsWritten, 2);
-    assert.equal(s.writeDrops, 1);
+    assert.equal(s.writeDrops, 2);
     assert.equal(s.lastWriteError, 'EINVAL');
     assert.throws(() => dev.write([good, 'x' as unknown as Buffer]), TypeError);
     assert.throws(() => dev.writeBatch(good, Uint32Array.of(good.length + 1)), RangeError);
     dev.close();
+  });
+
+  it('a device deleted under the open fd: one EBADF error, reading stops, writes are drops, close() works', async () => {
+    const dev = open();
+    up(dev, '10.77.10.1/24');
+    const errors: NodeJS.ErrnoException[] = [];
+    const failed = waiter(10_000, 'error listener called', () => `${errors.length} errors`);
+    dev.onPackets(() => {});
+    dev.onError((e) => {
+      errors.push(e);
+      failed.done();
+    });
+    ns.ip('link', 'del', 'dev', dev.name);
+    await failed.promise;
+    await new Promise((r) => setTimeout(r, 100)); // a poll still registered would report again
+    assert.equal(errors.length, 1);
+    assert.equal(errors[0]!.code, 'EBADF');
+    assert.equal(errors[0]!.syscall, 'uv_poll');
+    assert.match(errors[0]!.message, new RegExp(`TUN device '${dev.name}' failed while polling`));
+    assert.equal(dev.stats().readErrors, 1);
+    assert.equal(dev.write([udpV4('10.77.10.2', '10.77.10.1', 1, 9, seqPayload(0, 8))]), 0);
+    assert.equal(dev.stats().lastWriteError, 'EBADFD');
+    dev.close();
+    assert.equal(dev.closed, true);
+  });
+
+  it('a listener that throws is an uncaught exception of the process (child inside the namespace)', async () => {
+    const code = `
+      import { execFileSync } from 'node:child_process';
+      import { createSocket } from 'node:dgram';
+      import { openTun } from ${JSON.stringify(TUN_MODULE)};
+      const dev = openTun('mtthrow');
+      execFileSync('sysctl', ['-qw', 'net.ipv6.conf.mtthrow.disable_ipv6=1']);
+      execFileSync('ip', ['addr', 'add', '10.79.0.1/24', 'dev', 'mtthrow']);
+      execFileSync('ip', ['link', 'set', 'dev', 'mtthrow', 'up']);
+      let calls = 0;
+      dev.onPackets(() => { calls++; throw new Error('boom from listener'); });
+      process.on('uncaughtException', (e) => {
+        process.stdout.write(JSON.stringify({ message: e.message, calls }));
+        dev.close();
+      });
+      const s = createSocket('udp4');
+      s.send('x', 9, '10.79.0.2', () => s.close());
+      setTimeout(() => { process.stdout.write('no exception'); process.exit(1); }, 5000).unref();
+    `;
+    const r = await ns.run(process.execPath, ['--input-type=module', '-e', code], 20_000);
+    assert.equal(r.code, 0, r.stdout + r.stderr);
+    assert.deepEqual(JSON.parse(r.stdout), { message: 'boom from listener', calls: 1 });
   });
 });

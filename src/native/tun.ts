@@ -37,7 +37,8 @@ export interface TunStats {
   readErrors: number;
   packetsWritten: number;
   bytesWritten: number;
-  /** Packets the kernel refused on write (ENOBUFS, EINVAL for a malformed packet, EIO while down, ...). */
+  /** Packets the kernel refused on write (EIO while the link is down, EINVAL for a non-IP packet, EBADFD once
+   * the device was deleted, ENOBUFS, ...). */
   writeDrops: number;
   /** errno code of the last refused write, null if none. */
   lastWriteError: string | null;
@@ -45,7 +46,10 @@ export interface TunStats {
 
 /** Receives each batch read from the device; the buffers are views into one buffer per batch. */
 export type PacketListener = (packets: Buffer[]) => void;
-/** A read failure: the device stops polling; a system error with code, errno and syscall. */
+/**
+ * A read failure, after which the device no longer polls: a system error with code, errno and syscall,
+ * e.g. EBADF from uv_poll when the device was deleted under the open fd (`ip link del`). Close it.
+ */
 export type TunErrorListener = (error: NodeJS.ErrnoException) => void;
 
 interface NativeTun {
