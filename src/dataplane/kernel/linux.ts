@@ -1,0 +1,456 @@
+/**
+ * The kernel port on the real Linux kernel: changes go through `ip -batch -` and `nft -f -` (as
+ * few processes as the order allows), observation parses `ip -j` and `nft list` into the
+ * canonical form of canonical.ts. Every command can run inside a named network namespace
+ * (`ip -n NS`, `ip netns exec NS nft`), which is how the tests drive it. TUN devices come from the
+ * caller's openTun (the native addon); this module only sets them up and removes them.
+ * Used by the agent's data plane (src/dataplane) and its root tests.
+ */
+import { spawn } from 'node:child_process';
+import { readFile } from 'node:fs/promises';
+import {
+  canonicalCidr,
+  canonicalDst,
+  canonicalIp,
+  canonicalNft,
+  canonicalSelector,
+  MAIN_TABLE,
+} from './canonical.js';
+import { isOwnedPref, isOwnedTable, LINK_PREFIX, NFT_TABLE } from './ownership.js';
+import {
+  type AddressSpec,
+  type Family,
+  type KernelChange,
+  KernelError,
+  type KernelPort,
+  type KernelState,
+  type LinkSpec,
+  type RouteSpec,
+  type RuleSpec,
+  type Tun,
+  type Uplink,
+} from './port.js';
+import { type Rendered, renderChange, type Tool } from './render.js';
+
+export interface LinuxKernelOptions {
+  /** Run every command inside this named network namespace (`ip netns add NAME`). */
+  netns?: string;
+  /** Opens a TUN device held by this process (the native addon); without it openTun throws. */
+  openTun?: (name: string) => Tun;
+  /** Longest a single `ip`/`nft` process may run before it is killed (ms). */
+  commandTimeoutMs?: number;
+}
+
+interface RunResult {
+  code: number;
+  stdout: string;
+  stderr: string;
+}
+
+/** What `ip -j -d addr show` prints per link (the fields used here). */
+interface IpLink {
+  ifindex: number;
+  ifname: string;
+  mtu: number;
+  link?: string;
+  link_index?: number;
+  link_netnsid?: number;
+  linkinfo?: { info_kind?: string };
+  addr_info?: { family: string; local: string; prefixlen: number }[];
+}
+
+/** What `ip -N -j rule show` prints per rule. */
+interface IpRule {
+  priority: number;
+  src?: string;
+  srclen?: number;
+  dst?: string;
+  dstlen?: number;
+  iif?: string;
+  fwmark?: string;
+  fwmask?: string;
+  ipproto?: string;
+  sport?: number;
+  table?: string;
+}
+
+/** What `ip -N -j route show table all` prints per route. */
+interface IpRoute {
+  type?: string;
+  dst: string;
+  gateway?: string;
+  dev?: string;
+  table?: string;
+  protocol?: string;
+  metric?: number;
+  nexthops?: { gateway?: string; dev?: string }[];
+}
+
+/** The raw owned state, as flush() needs it (including what observe() cannot express). */
+interface Raw {
+  links: IpLink[];
+  rules: Record<Family, IpRule[]>;
+  routes: Record<Family, IpRoute[]>;
+  nft: string | null;
+}
+
+const FAMILY_TOOL: Record<Family, Tool> = { 4: 'ip -4', 6: 'ip -6' };
+
+/** Splits the concatenated JSON documents `ip -j -batch` prints (one per command). */
+export function splitJsonDocuments(text: string): unknown[] {
+  const docs: unknown[] = [];
+  let depth = 0;
+  let start = -1;
+  let inString = false;
+  let escaped = false;
+  for (let i = 0; i < text.length; i++) {
+    const ch = text[i];
+    if (inString) {
+      if (escaped) escaped = false;
+      else if (ch === '\\') escaped = true;
+      else if (ch === '"') inString = false;
+    } else if (ch === '"') inString = true;
+    else if (ch === '[' || ch === '{') {
+      if (depth++ === 0) start = i;
+    } else if ((ch === ']' || ch === '}') && --depth === 0) docs.push(JSON.parse(text.slice(start, i + 1)));
+  }
+  return docs;
+}
+
+const ipprotoName = (p: string | undefined): 'tcp' | 'udp' | undefined =>
+  p === 'tcp' || p === 'ipproto-6' || p === '6'
+    ? 'tcp'
+    : p === 'udp' || p === 'ipproto-17' || p === '17'
+      ? 'udp'
+      : undefined;
+
+/** A rule of `ip -N -j rule show` in canonical form, or undefined when it looks nothing up. */
+export function parseRule(family: Family, r: IpRule): RuleSpec | undefined {
+  if (r.table === undefined || !/^\d+$/.test(r.table)) return undefined;
+  const table = Number(r.table);
+  const rule: RuleSpec = { family, pref: r.priority, table: table === MAIN_TABLE ? 'main' : table };
+  const selector = (addr: string | undefined, len: number | undefined) =>
+    addr === undefined ? undefined : canonicalSelector(len === undefined ? addr : `${addr}/${len}`);
+  const from = selector(r.src, r.srclen);
+  const to = selector(r.dst, r.dstlen);
+  if (from !== undefined) rule.from = from;
+  if (to !== undefined) rule.to = to;
+  if (r.iif !== undefined) rule.iif = r.iif;
+  if (r.fwmark !== undefined) {
+    rule.fwmark = {
+      value: Number(r.fwmark) >>> 0,
+      mask: r.fwmask === undefined ? 0xffff_ffff : Number(r.fwmask) >>> 0,
+    };
+  }
+  const proto = ipprotoName(r.ipproto);
+  if (proto !== undefined) rule.ipproto = proto;
+  if (r.sport !== undefined) rule.sport = r.sport;
+  return rule;
+}
+
+/**
+ * A route of `ip -N -j route show table all` in canonical form, or undefined when it is not one
+ * the agent could have made: not unicast, added by the kernel, multipath, or without a device.
+ */
+export function parseRoute(family: Family, r: IpRoute): RouteSpec | undefined {
+  if (r.table === undefined || !/^\d+$/.test(r.table) || !isOwnedTable(Number(r.table))) return undefined;
+  if (r.type !== undefined && r.type !== 'unicast' && r.type !== '1') return undefined;
+  if (r.protocol === 'kernel' || r.protocol === '2') return undefined;
+  if (r.dev === undefined || r.nexthops !== undefined) return undefined;
+  const route: RouteSpec = { family, table: Number(r.table), dst: canonicalDst(r.dst), dev: r.dev };
+  if (r.gateway !== undefined) route.via = canonicalIp(r.gateway);
+  return route;
+}
+
+/** An owned link of `ip -j -d addr show` in canonical form, or undefined when not tun/macvlan. */
+export function parseLink(l: IpLink, byIndex: ReadonlyMap<number, string>): LinkSpec | undefined {
+  if (!l.ifname.startsWith(LINK_PREFIX)) return undefined;
+  const kind = l.linkinfo?.info_kind;
+  if (kind === 'tun') return { name: l.ifname, kind, mtu: l.mtu };
+  if (kind !== 'macvlan') return undefined;
+  const link: LinkSpec = { name: l.ifname, kind, mtu: l.mtu };
+  if (l.link_netnsid === undefined) {
+    const parent = l.link ?? (l.link_index !== undefined ? byIndex.get(l.link_index) : undefined);
+    if (parent !== undefined) link.parent = parent;
+  }
+  return link;
+}
+
+/** The addresses of an owned link, without the IPv6 link-local ones the kernel adds itself. */
+export function parseAddresses(l: IpLink): AddressSpec[] {
+  return (l.addr_info ?? [])
+    .filter((a) => (a.family === 'inet' || a.family === 'inet6') && !/^fe[89ab]/i.test(a.local))
+    .map((a) => ({ dev: l.ifname, cidr: canonicalCidr(`${a.local}/${a.prefixlen}`) }));
+}
+
+/** The nft listing of the agent's table without its `table ... {` and closing `}` lines. */
+export function nftBody(listing: string): string | null {
+  const lines = canonicalNft(listing)!.split('\n');
+  if (lines[0] !== `table inet ${NFT_TABLE} {` || lines.at(-1) !== '}') return canonicalNft(listing);
+  return lines.slice(1, -1).join('\n');
+}
+
+const SYSCTL_KEY = /^[A-Za-z0-9_./-]+$/;
+
+export class LinuxKernel implements KernelPort {
+  private readonly netns: string | undefined;
+  private readonly tunOpener: ((name: string) => Tun) | undefined;
+  private readonly timeoutMs: number;
+
+  constructor(options: LinuxKernelOptions = {}) {
+    this.netns = options.netns;
+    this.tunOpener = options.openTun;
+    this.timeoutMs = options.commandTimeoutMs ?? 30_000;
+  }
+
+  openTun(name: string): Tun {
+    if (!this.tunOpener) throw new Error('no TUN support');
+    return this.tunOpener(name);
+  }
+
+  async observe(): Promise<KernelState> {
+    const raw = await this.raw();
+    const byIndex = new Map(raw.links.map((l) => [l.ifindex, l.ifname]));
+    const links: LinkSpec[] = [];
+    const addresses: AddressSpec[] = [];
+    for (const l of raw.links) {
+      const link = parseLink(l, byIndex);
+      if (!link) continue;
+      links.push(link);
+      addresses.push(...parseAddresses(l));
+    }
+    const rules: RuleSpec[] = [];
+    const routes: RouteSpec[] = [];
+    for (const family of [4, 6] as const) {
+      for (const r of raw.rules[family]) {
+        if (!isOwnedPref(r.priority)) continue;
+        const rule = parseRule(family, r);
+        if (rule) rules.push(rule);
+      }
+      for (const r of raw.routes[family]) {
+        const route = parseRoute(family, r);
+        if (route) routes.push(route);
+      }
+    }
+    return { links, addresses, rules, routes, nft: raw.nft === null ? null : nftBody(raw.nft) };
+  }
+
+  async apply(changes: readonly KernelChange[]): Promise<void> {
+    // Render everything first: an invalid change refuses the whole call before anything runs.
+    const rendered = changes.map(renderChange);
+    const groups: Rendered[][] = [];
+    for (const r of rendered) {
+      const last = groups.at(-1);
+      if (last && r.tool !== 'nft' && last[0]!.tool === r.tool) last.push(r);
+      else groups.push([r]);
+    }
+    for (const group of groups) await this.runGroup(group);
+  }
+
+  async flush(): Promise<void> {
+    // Up to 3 rounds: something may vanish (a TUN closed) or appear between reading and deleting.
+    let lastError: unknown;
+    for (let round = 0; ; round++) {
+      const owned = ownedRaw(await this.raw());
+      if (owned.empty) return;
+      if (round === 3) break;
+      try {
+        for (const family of [4, 6] as const) {
+          // `rule del pref P` removes the first rule at P: one line per rule removes them all,
+          // whatever selectors they have.
+          const lines = owned.rules[family].map((r) => `rule del pref ${r.priority}`);
+          lines.push(...owned.tables[family].map((t) => `route flush table ${t}`));
+          if (lines.length) await this.batch(FAMILY_TOOL[family], lines);
+        }
+        if (owned.nft) await this.nft(renderChange({ op: 'nft', ruleset: null }).lines);
+        if (owned.links.length)
+          await this.batch(
+            'ip',
+            owned.links.map((n) => `link del ${n}`),
+          );
+        lastError = undefined;
+      } catch (err) {
+        lastError = err;
+      }
+    }
+    throw lastError ?? new KernelError('flush', 'owned state remains after 3 rounds');
+  }
+
+  async readSysctl(key: string): Promise<string | null> {
+    if (!SYSCTL_KEY.test(key) || key.split(/[./]/).some((p) => p === '' || p === '..')) {
+      throw new KernelError(`sysctl ${key}`, 'invalid sysctl key');
+    }
+    const path = `/proc/sys/${key.includes('/') ? key : key.replaceAll('.', '/')}`;
+    if (this.netns === undefined) {
+      try {
+        return (await readFile(path, 'utf8')).trim();
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code === 'ENOENT') return null;
+        throw err;
+      }
+    }
+    const res = await this.exec(['ip', 'netns', 'exec', this.netns, 'cat', path]);
+    if (res.code === 0) return res.stdout.trim();
+    if (/No such file or directory/.test(res.stderr)) return null;
+    throw new KernelError(`cat ${path}`, res.stderr);
+  }
+
+  async uplink(): Promise<Uplink | null> {
+    const [v4, v6] = await Promise.all([
+      this.ipJson(['-j', '-4', 'route', 'show', 'default']),
+      this.ipJson(['-j', '-6', 'route', 'show', 'default']),
+    ]);
+    const best = (routes: unknown): { dev: string; gateway: string | null } | null => {
+      const candidates = (routes as IpRoute[])
+        .map((r) => ({
+          metric: r.metric ?? 0,
+          dev: r.dev ?? r.nexthops?.[0]?.dev,
+          gateway: r.gateway ?? r.nexthops?.[0]?.gateway,
+        }))
+        .filter((r): r is { metric: number; dev: string; gateway: string | undefined } => r.dev !== undefined)
+        .sort((a, b) => a.metric - b.metric);
+      const first = candidates[0];
+      return first ? { dev: first.dev, gateway: first.gateway ?? null } : null;
+    };
+    const four = best(v4);
+    const six = best(v6);
+    const dev = four?.dev ?? six?.dev;
+    if (dev === undefined) return null;
+    return {
+      dev,
+      gateway4: four?.dev === dev ? four.gateway : null,
+      gateway6: six?.dev === dev ? six.gateway : null,
+    };
+  }
+
+  /** Reads links with addresses, rules and routes of both families, and the nft table, at once. */
+  private async raw(): Promise<Raw> {
+    const both = ['rule show', 'route show table all'];
+    const [links, four, six, nft] = await Promise.all([
+      this.ipJson(['-j', '-d', 'addr', 'show']),
+      this.ipBatchJson('ip -4', both),
+      this.ipBatchJson('ip -6', both),
+      this.listNft(),
+    ]);
+    return {
+      links: links as IpLink[],
+      rules: { 4: (four[0] ?? []) as IpRule[], 6: (six[0] ?? []) as IpRule[] },
+      routes: { 4: (four[1] ?? []) as IpRoute[], 6: (six[1] ?? []) as IpRoute[] },
+      nft,
+    };
+  }
+
+  private async listNft(): Promise<string | null> {
+    const res = await this.exec(this.nftArgv(['list', 'table', 'inet', NFT_TABLE]));
+    if (res.code === 0) return res.stdout;
+    if (/No such file or directory/.test(res.stderr)) return null;
+    throw new KernelError(`nft list table inet ${NFT_TABLE}`, res.stderr);
+  }
+
+  private async runGroup(group: Rendered[]): Promise<void> {
+    const tool = group[0]!.tool;
+    if (tool === 'nft') return this.nft(group[0]!.lines);
+    let existing: Set<string> | undefined;
+    const lines: string[] = [];
+    for (const r of group) {
+      if (r.onlyIfLinkExists !== undefined) {
+        existing ??= new Set(((await this.ipJson(['-j', 'link', 'show'])) as IpLink[]).map((l) => l.ifname));
+        if (!existing.has(r.onlyIfLinkExists)) continue;
+        existing.delete(r.onlyIfLinkExists);
+      }
+      lines.push(...r.lines);
+    }
+    if (lines.length) await this.batch(tool, lines);
+  }
+
+  /** Feeds lines to `ip [-4|-6] -batch -`; on failure names the line ip reports. */
+  private async batch(tool: Tool, lines: string[]): Promise<void> {
+    const res = await this.exec(
+      this.ipArgv([...tool.split(' ').slice(1), '-batch', '-']),
+      `${lines.join('\n')}\n`,
+    );
+    if (res.code === 0) return;
+    const n = /Command failed -:(\d+)/.exec(res.stderr);
+    const failed = n ? lines[Number(n[1]) - 1] : undefined;
+    throw new KernelError(
+      failed !== undefined ? `${tool} ${failed}` : `${tool} -batch - (${lines.length} lines)`,
+      res.stderr,
+    );
+  }
+
+  /** Runs an nft script in one transaction; on failure names the script line nft reports. */
+  private async nft(lines: string[]): Promise<void> {
+    const script = `${lines.join('\n')}\n`;
+    const res = await this.exec(this.nftArgv(['-f', '-']), script);
+    if (res.code === 0) return;
+    const n = /\/dev\/stdin:(\d+):/.exec(res.stderr);
+    const failed = n ? script.split('\n')[Number(n[1]) - 1] : undefined;
+    throw new KernelError(failed !== undefined ? `nft ${failed.trim()}` : 'nft -f -', res.stderr);
+  }
+
+  private async ipJson(args: string[]): Promise<unknown> {
+    const res = await this.exec(this.ipArgv(args));
+    if (res.code !== 0) throw new KernelError(`ip ${args.join(' ')}`, res.stderr);
+    return JSON.parse(res.stdout || '[]');
+  }
+
+  private async ipBatchJson(tool: Tool, lines: string[]): Promise<unknown[]> {
+    const args = ['-N', '-j', ...tool.split(' ').slice(1), '-batch', '-'];
+    const res = await this.exec(this.ipArgv(args), `${lines.join('\n')}\n`);
+    if (res.code !== 0) throw new KernelError(`${tool} -j -batch - (${lines.join('; ')})`, res.stderr);
+    return splitJsonDocuments(res.stdout);
+  }
+
+  private ipArgv(args: string[]): string[] {
+    return this.netns === undefined ? ['ip', ...args] : ['ip', '-n', this.netns, ...args];
+  }
+
+  private nftArgv(args: string[]): string[] {
+    return this.netns === undefined ? ['nft', ...args] : ['ip', 'netns', 'exec', this.netns, 'nft', ...args];
+  }
+
+  private exec(argv: string[], input?: string): Promise<RunResult> {
+    return new Promise((resolve, reject) => {
+      const child = spawn(argv[0]!, argv.slice(1), { stdio: ['pipe', 'pipe', 'pipe'] });
+      const out: Buffer[] = [];
+      const err: Buffer[] = [];
+      let timedOut = false;
+      const timer = setTimeout(() => {
+        timedOut = true;
+        child.kill('SIGKILL');
+      }, this.timeoutMs);
+      child.stdout.on('data', (b: Buffer) => out.push(b));
+      child.stderr.on('data', (b: Buffer) => err.push(b));
+      // The tool may exit (a failed batch line) before reading all of stdin: EPIPE is expected.
+      child.stdin.on('error', () => {});
+      child.on('error', (e) => {
+        clearTimeout(timer);
+        reject(new KernelError(argv.join(' '), e.message));
+      });
+      child.on('close', (code) => {
+        clearTimeout(timer);
+        const stderr =
+          Buffer.concat(err).toString() + (timedOut ? `\nkilled after ${this.timeoutMs} ms` : '');
+        resolve({ code: code ?? -1, stdout: Buffer.concat(out).toString(), stderr });
+      });
+      child.stdin.end(input ?? '');
+    });
+  }
+}
+
+/** What flush() removes: owned rules (kernel order), tables with routes, links, the nft table. */
+function ownedRaw(raw: Raw) {
+  const tables = (routes: IpRoute[]) => [
+    ...new Set(routes.map((r) => Number(r.table)).filter((t) => Number.isInteger(t) && isOwnedTable(t))),
+  ];
+  const rules = {
+    4: raw.rules[4].filter((r) => isOwnedPref(r.priority)),
+    6: raw.rules[6].filter((r) => isOwnedPref(r.priority)),
+  };
+  const routeTables = { 4: tables(raw.routes[4]), 6: tables(raw.routes[6]) };
+  const links = raw.links.map((l) => l.ifname).filter((n) => n.startsWith(LINK_PREFIX));
+  const empty =
+    rules[4].length + rules[6].length + routeTables[4].length + routeTables[6].length + links.length === 0 &&
+    raw.nft === null;
+  return { rules, tables: routeTables, links, nft: raw.nft !== null, empty };
+}

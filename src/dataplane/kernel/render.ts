@@ -1,0 +1,192 @@
+/**
+ * The exact command text of every KernelChange: which tool runs it (`ip -batch`, `ip -4/-6
+ * -batch`, `nft -f`) and the lines fed to it. Pure. LinuxKernel feeds these lines to the tools;
+ * RecordingKernel writes the same lines to its transcript, so a unit test of the reconciler reads
+ * the commands the real kernel would get. Also checks every field before anything runs: a name
+ * or number that would change the meaning of a batch line is refused here (KernelError).
+ *
+ * Choices made here (the kernel port's contract, see port.ts):
+ * - addresses are added `noprefixroute` (IPv6 also `nodad`): the agent routes in its own tables;
+ * - a MACVLAN is `link add link P name N type macvlan mode bridge` then `link set N mtu M up`;
+ *   a TUN already exists (openTun), so adding it is only `link set N mtu M up`;
+ * - a route with a gateway is added `onlink`: the agent's addresses have no prefix route, so the
+ *   kernel would otherwise refuse a gateway it cannot reach through the route's own table
+ *   ("Nexthop has invalid gateway"); deleting it needs no flag;
+ * - the nft table is replaced in one transaction that also works when it does not exist:
+ *   `table inet mesh_agent {}` + `delete table inet mesh_agent` [+ the new table].
+ */
+
+import { parseIp } from '../../domain/cidr.js';
+import { parseCidrLoose } from './canonical.js';
+import { NFT_TABLE } from './ownership.js';
+import {
+  type AddressSpec,
+  type Family,
+  type KernelChange,
+  KernelError,
+  type LinkSpec,
+  type RouteSpec,
+  type RuleSpec,
+} from './port.js';
+
+/** The process a line goes to: `ip -batch -`, `ip -4 -batch -`, `ip -6 -batch -` or `nft -f -`. */
+export type Tool = 'ip' | 'ip -4' | 'ip -6' | 'nft';
+
+export interface Rendered {
+  tool: Tool;
+  /** Lines for the tool's stdin, in order (an nft table body spans several text lines). */
+  lines: string[];
+  /** Run only if this link still exists (deleting a TUN the kernel may already have removed). */
+  onlyIfLinkExists?: string;
+}
+
+/** The commands a Rendered stands for, as one would type them (`ip -4 route add ...`). */
+export const commandsOf = (r: Rendered): string[] => r.lines.map((l) => `${r.tool} ${l}`);
+
+const NAME = /^[A-Za-z0-9_.+-]{1,15}$/;
+const validName = (n: unknown): n is string =>
+  typeof n === 'string' && NAME.test(n) && n !== '.' && n !== '..';
+/** Throws unless `name` is a valid interface name (what openTun and every line accept). */
+export function checkLinkName(name: string): void {
+  if (!validName(name)) throw new KernelError(`open ${name}`, `invalid link name: ${JSON.stringify(name)}`);
+}
+const isUint = (n: unknown, max: number): n is number =>
+  typeof n === 'number' && Number.isInteger(n) && n >= 0 && n <= max;
+const U32 = 0xffff_ffff;
+const hex = (n: number) => `0x${n.toString(16)}`;
+
+class Checker {
+  constructor(private readonly command: string) {}
+  need(ok: boolean, what: string, value: unknown): void {
+    if (!ok) throw new KernelError(this.command, `invalid ${what}: ${JSON.stringify(value)}`);
+  }
+  name(what: string, n: unknown): void {
+    this.need(validName(n), what, n);
+  }
+  /** An address or CIDR of the given family (route destinations: see route()). */
+  cidr(what: string, text: unknown, family: Family): void {
+    const c = typeof text === 'string' ? parseCidrLoose(text) : undefined;
+    this.need(c !== undefined && c.family === family, `${what} (IPv${family})`, text);
+  }
+  ip(what: string, text: unknown, family: Family): void {
+    const ip = typeof text === 'string' ? parseIp(text) : undefined;
+    this.need(ip !== undefined && ip.family === family, `${what} (IPv${family})`, text);
+  }
+}
+
+function familyOfCidr(text: string): Family | undefined {
+  return parseCidrLoose(text)?.family;
+}
+
+export function renderLink(op: 'add' | 'del', link: LinkSpec): Rendered {
+  if (op === 'del') {
+    const line = `link del ${link.name}`;
+    new Checker(`ip ${line}`).name('link name', link.name);
+    return link.kind === 'tun'
+      ? { tool: 'ip', lines: [line], onlyIfLinkExists: link.name }
+      : { tool: 'ip', lines: [line] };
+  }
+  const up = `link set ${link.name} mtu ${link.mtu} up`;
+  const check = new Checker(`ip ${up}`);
+  check.name('link name', link.name);
+  check.need(isUint(link.mtu, U32) && link.mtu > 0, 'mtu', link.mtu);
+  if (link.kind === 'tun') return { tool: 'ip', lines: [up] };
+  check.need(link.kind === 'macvlan', 'link kind', link.kind);
+  const add = `link add link ${link.parent} name ${link.name} type macvlan mode bridge`;
+  new Checker(`ip ${add}`).name('MACVLAN parent', link.parent);
+  return { tool: 'ip', lines: [add, up] };
+}
+
+export function renderAddress(op: 'add' | 'del', a: AddressSpec): Rendered {
+  const family = typeof a.cidr === 'string' ? familyOfCidr(a.cidr) : undefined;
+  const flags = op === 'add' ? (family === 6 ? ' noprefixroute nodad' : ' noprefixroute') : '';
+  const line = `address ${op} ${a.cidr} dev ${a.dev}${flags}`;
+  const check = new Checker(`ip ${line}`);
+  check.need(family !== undefined, 'address', a.cidr);
+  check.name('device', a.dev);
+  return { tool: 'ip', lines: [line] };
+}
+
+export function renderRule(op: 'add' | 'del', r: RuleSpec): Rendered {
+  const parts = [`rule ${op} pref ${r.pref}`];
+  if (r.from !== undefined) parts.push(`from ${r.from}`);
+  if (r.to !== undefined) parts.push(`to ${r.to}`);
+  if (r.iif !== undefined) parts.push(`iif ${r.iif}`);
+  if (r.fwmark !== undefined) parts.push(`fwmark ${hex(r.fwmark.value)}/${hex(r.fwmark.mask)}`);
+  if (r.ipproto !== undefined) parts.push(`ipproto ${r.ipproto}`);
+  if (r.sport !== undefined) parts.push(`sport ${r.sport}`);
+  parts.push(`lookup ${r.table}`);
+  const line = parts.join(' ');
+  const tool: Tool = r.family === 6 ? 'ip -6' : 'ip -4';
+  const check = new Checker(`${tool} ${line}`);
+  check.need(r.family === 4 || r.family === 6, 'family', r.family);
+  check.need(isUint(r.pref, U32), 'pref', r.pref);
+  if (r.from !== undefined) check.cidr('from', r.from, r.family);
+  if (r.to !== undefined) check.cidr('to', r.to, r.family);
+  if (r.iif !== undefined) check.name('iif', r.iif);
+  if (r.fwmark !== undefined) {
+    check.need(isUint(r.fwmark.value, U32), 'fwmark value', r.fwmark.value);
+    check.need(isUint(r.fwmark.mask, U32), 'fwmark mask', r.fwmark.mask);
+  }
+  if (r.ipproto !== undefined) check.need(r.ipproto === 'tcp' || r.ipproto === 'udp', 'ipproto', r.ipproto);
+  if (r.sport !== undefined) check.need(isUint(r.sport, 65_535) && r.sport > 0, 'sport', r.sport);
+  check.need(r.table === 'main' || (isUint(r.table, U32) && r.table > 0), 'table', r.table);
+  return { tool, lines: [line] };
+}
+
+export function renderRoute(op: 'add' | 'del', r: RouteSpec): Rendered {
+  let line = `route ${op} ${r.dst} dev ${r.dev}`;
+  if (r.via !== undefined) line += op === 'add' ? ` via ${r.via} onlink` : ` via ${r.via}`;
+  line += ` table ${r.table}`;
+  const tool: Tool = r.family === 6 ? 'ip -6' : 'ip -4';
+  const check = new Checker(`${tool} ${line}`);
+  check.need(r.family === 4 || r.family === 6, 'family', r.family);
+  if (r.dst !== 'default') check.cidr('destination', r.dst, r.family);
+  check.name('device', r.dev);
+  if (r.via !== undefined) check.ip('gateway', r.via, r.family);
+  check.need(isUint(r.table, U32) && r.table > 0, 'table', r.table);
+  return { tool, lines: [line] };
+}
+
+/**
+ * Whether the braces of an nft body balance (outside quoted strings and comments), so the body
+ * cannot close the agent's table and go on to change another one.
+ */
+export function bracesBalance(text: string): boolean {
+  let depth = 0;
+  let quoted = false;
+  let comment = false;
+  for (const ch of text) {
+    if (comment) {
+      if (ch === '\n') comment = false;
+    } else if (quoted) {
+      if (ch === '"') quoted = false;
+      else if (ch === '\n') return false;
+    } else if (ch === '"') quoted = true;
+    else if (ch === '#') comment = true;
+    else if (ch === '{') depth++;
+    else if (ch === '}' && --depth < 0) return false;
+  }
+  return depth === 0 && !quoted;
+}
+
+export function renderNft(ruleset: string | null): Rendered {
+  const lines = [`table inet ${NFT_TABLE} {}`, `delete table inet ${NFT_TABLE}`];
+  if (ruleset === null) return { tool: 'nft', lines };
+  const body = `table inet ${NFT_TABLE} {\n${ruleset}\n}`;
+  new Checker(`nft ${body}`).need(
+    typeof ruleset === 'string' && bracesBalance(ruleset),
+    'ruleset (unbalanced braces)',
+    ruleset,
+  );
+  return { tool: 'nft', lines: [...lines, body] };
+}
+
+/** The command lines of one change; throws KernelError naming the command if a field is invalid. */
+export function renderChange(change: KernelChange): Rendered {
+  if ('link' in change) return renderLink(change.op, change.link);
+  if ('address' in change) return renderAddress(change.op, change.address);
+  if ('rule' in change) return renderRule(change.op, change.rule);
+  if ('route' in change) return renderRoute(change.op, change.route);
+  return renderNft(change.ruleset);
+}
