@@ -1,0 +1,226 @@
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { type KernelChange, KernelError } from './port.js';
+import { bracesBalance, commandsOf, renderChange } from './render.js';
+
+const lines = (c: KernelChange) => commandsOf(renderChange(c));
+
+describe('render', () => {
+  const table: [string, KernelChange, string[]][] = [
+    [
+      'TUN add: the device exists, set it up',
+      { op: 'add', link: { name: 'mesh-t7', kind: 'tun', mtu: 1400 } },
+      ['ip link set mesh-t7 mtu 1400 up'],
+    ],
+    ['TUN del', { op: 'del', link: { name: 'mesh-t7', kind: 'tun', mtu: 1400 } }, ['ip link del mesh-t7']],
+    [
+      'MACVLAN add',
+      { op: 'add', link: { name: 'mesh-m3', kind: 'macvlan', parent: 'eth0', mtu: 1500 } },
+      ['ip link add link eth0 name mesh-m3 type macvlan mode bridge', 'ip link set mesh-m3 mtu 1500 up'],
+    ],
+    [
+      'MACVLAN del',
+      { op: 'del', link: { name: 'mesh-m3', kind: 'macvlan', parent: 'eth0', mtu: 1500 } },
+      ['ip link del mesh-m3'],
+    ],
+    [
+      'IPv4 address add',
+      { op: 'add', address: { dev: 'mesh-m3', cidr: '10.91.2.50/24' } },
+      ['ip address add 10.91.2.50/24 dev mesh-m3 noprefixroute'],
+    ],
+    [
+      'IPv6 address add: no DAD',
+      { op: 'add', address: { dev: 'mesh-m3', cidr: 'fd00:91:2::50/64' } },
+      ['ip address add fd00:91:2::50/64 dev mesh-m3 noprefixroute nodad'],
+    ],
+    [
+      'address del',
+      { op: 'del', address: { dev: 'mesh-m3', cidr: 'fd00:91:2::50/64' } },
+      ['ip address del fd00:91:2::50/64 dev mesh-m3'],
+    ],
+    [
+      'rule: exclusion to main',
+      { op: 'add', rule: { family: 4, pref: 21000, to: '192.0.2.7/32', table: 'main' } },
+      ['ip -4 rule add pref 21000 to 192.0.2.7/32 lookup main'],
+    ],
+    [
+      'rule: reply mark, hex',
+      {
+        op: 'add',
+        rule: { family: 6, pref: 21100, fwmark: { value: 0x70000, mask: 0xfff0000 }, table: 52007 },
+      },
+      ['ip -6 rule add pref 21100 fwmark 0x70000/0xfff0000 lookup 52007'],
+    ],
+    [
+      'rule: every selector, in a fixed order',
+      {
+        op: 'del',
+        rule: {
+          family: 4,
+          pref: 22000,
+          table: 52007,
+          sport: 443,
+          ipproto: 'tcp',
+          fwmark: { value: 1, mask: 0xffffffff },
+          iif: 'mesh-t7',
+          to: '10.2.0.0/16',
+          from: '10.1.0.0/16',
+        },
+      },
+      [
+        'ip -4 rule del pref 22000 from 10.1.0.0/16 to 10.2.0.0/16 iif mesh-t7 fwmark 0x1/0xffffffff ipproto tcp sport 443 lookup 52007',
+      ],
+    ],
+    [
+      'route: default through a TUN',
+      { op: 'add', route: { family: 4, table: 52007, dst: 'default', dev: 'mesh-t7' } },
+      ['ip -4 route add default dev mesh-t7 table 52007'],
+    ],
+    [
+      'route with a gateway: onlink on add',
+      {
+        op: 'add',
+        route: { family: 6, table: 52003, dst: 'fd02::/64', dev: 'mesh-m3', via: 'fd00:91:2::1' },
+      },
+      ['ip -6 route add fd02::/64 dev mesh-m3 via fd00:91:2::1 onlink table 52003'],
+    ],
+    [
+      'route with a gateway: no flag on del',
+      { op: 'del', route: { family: 4, table: 52003, dst: '10.2.0.0/16', dev: 'mesh-m3', via: '10.91.2.1' } },
+      ['ip -4 route del 10.2.0.0/16 dev mesh-m3 via 10.91.2.1 table 52003'],
+    ],
+    [
+      'nft: the table replaced in one transaction',
+      { op: 'nft', ruleset: 'chain c {\n\tcounter\n}' },
+      [
+        'nft table inet mesh_agent {}',
+        'nft delete table inet mesh_agent',
+        'nft table inet mesh_agent {\nchain c {\n\tcounter\n}\n}',
+      ],
+    ],
+    [
+      'nft: removal works whether the table exists or not',
+      { op: 'nft', ruleset: null },
+      ['nft table inet mesh_agent {}', 'nft delete table inet mesh_agent'],
+    ],
+  ];
+  for (const [name, change, want] of table) {
+    it(name, () => assert.deepStrictEqual(lines(change), want));
+  }
+
+  it('sends each change to the tool of its kind and family', () => {
+    assert.equal(renderChange({ op: 'add', address: { dev: 'mesh-m3', cidr: 'fd00::1/64' } }).tool, 'ip');
+    assert.equal(renderChange({ op: 'add', rule: { family: 6, pref: 21000, table: 'main' } }).tool, 'ip -6');
+    assert.equal(
+      renderChange({ op: 'del', route: { family: 4, table: 52001, dst: 'default', dev: 'x' } }).tool,
+      'ip -4',
+    );
+    assert.equal(renderChange({ op: 'nft', ruleset: null }).tool, 'nft');
+  });
+
+  it('marks only a TUN deletion as conditional on the link existing', () => {
+    assert.equal(
+      renderChange({ op: 'del', link: { name: 'mesh-t1', kind: 'tun', mtu: 1500 } }).onlyIfLinkExists,
+      'mesh-t1',
+    );
+    assert.equal(
+      renderChange({ op: 'del', link: { name: 'mesh-m1', kind: 'macvlan', mtu: 1500 } }).onlyIfLinkExists,
+      undefined,
+    );
+  });
+
+  const invalid: [string, KernelChange, RegExp][] = [
+    [
+      'a newline in a name',
+      { op: 'add', address: { dev: 'x\nlink del eth0', cidr: '10.0.0.1/8' } },
+      /invalid device/,
+    ],
+    [
+      'a name too long for the kernel',
+      { op: 'add', link: { name: 'mesh-0123456789a', kind: 'tun', mtu: 1500 } },
+      /invalid link name/,
+    ],
+    [
+      'a space in a parent',
+      { op: 'add', link: { name: 'mesh-m1', kind: 'macvlan', parent: 'eth0 up', mtu: 1500 } },
+      /invalid MACVLAN parent/,
+    ],
+    [
+      'a MACVLAN without parent',
+      { op: 'add', link: { name: 'mesh-m1', kind: 'macvlan', mtu: 1500 } },
+      /invalid MACVLAN parent/,
+    ],
+    [
+      'an MTU that is not a number',
+      { op: 'add', link: { name: 'mesh-t1', kind: 'tun', mtu: 1.5 } },
+      /invalid mtu/,
+    ],
+    [
+      'an address that is not one',
+      { op: 'add', address: { dev: 'mesh-m1', cidr: '10.0.0.256/8' } },
+      /invalid address/,
+    ],
+    [
+      'an IPv6 selector in an IPv4 rule',
+      { op: 'add', rule: { family: 4, pref: 21000, from: 'fd00::/8', table: 1 } },
+      /invalid from \(IPv4\)/,
+    ],
+    [
+      'a mark over 32 bits',
+      { op: 'add', rule: { family: 4, pref: 21000, fwmark: { value: 2 ** 32, mask: 1 }, table: 1 } },
+      /invalid fwmark value/,
+    ],
+    [
+      'another protocol',
+      { op: 'add', rule: { family: 4, pref: 21000, ipproto: 'icmp' as 'tcp', table: 1 } },
+      /invalid ipproto/,
+    ],
+    ['port 0', { op: 'add', rule: { family: 4, pref: 21000, sport: 0, table: 1 } }, /invalid sport/],
+    ['table 0', { op: 'add', rule: { family: 4, pref: 21000, table: 0 } }, /invalid table/],
+    ['a negative pref', { op: 'add', rule: { family: 4, pref: -1, table: 1 } }, /invalid pref/],
+    [
+      'an IPv4 gateway on an IPv6 route',
+      { op: 'add', route: { family: 6, table: 1, dst: 'default', dev: 'x', via: '10.0.0.1' } },
+      /invalid gateway \(IPv6\)/,
+    ],
+    [
+      'a gateway with a prefix',
+      { op: 'add', route: { family: 4, table: 1, dst: 'default', dev: 'x', via: '10.0.0.1/32' } },
+      /invalid gateway/,
+    ],
+    [
+      'a destination of the other family',
+      { op: 'add', route: { family: 4, table: 1, dst: 'fd00::/8', dev: 'x' } },
+      /invalid destination/,
+    ],
+    [
+      'an nft body that closes the table',
+      { op: 'nft', ruleset: '}\ntable inet other {' },
+      /unbalanced braces/,
+    ],
+  ];
+  for (const [name, change, message] of invalid) {
+    it(`refuses ${name}, naming the command`, () => {
+      assert.throws(
+        () => renderChange(change),
+        (e: unknown) =>
+          e instanceof KernelError && message.test(e.output) && e.command.startsWith(renderTool(change)),
+      );
+    });
+  }
+
+  it('balances braces outside strings and comments only', () => {
+    assert.equal(bracesBalance('chain c {\n iifname "}" accept # }\n}'), true);
+    assert.equal(bracesBalance('chain c { }'), true);
+    assert.equal(bracesBalance('}{'), false);
+    assert.equal(bracesBalance('chain c {'), false);
+    assert.equal(bracesBalance('chain c { iifname "x }'), false);
+  });
+});
+
+function renderTool(c: KernelChange): string {
+  if ('rule' in c) return `ip -${c.rule.family} rule`;
+  if ('route' in c) return `ip -${c.route.family} route`;
+  if ('nft' === c.op) return 'nft table';
+  return 'ip ';
+}
