@@ -9,6 +9,7 @@
  */
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { after, before, describe, it } from 'node:test';
 import {
   canonicalAddress,
@@ -42,7 +43,7 @@ function sh(args: string[], input?: string): string {
 const ip = (...args: string[]) => sh(['ip', '-n', NS, ...args]);
 const nft = (args: string[], input?: string) => sh(['ip', 'netns', 'exec', NS, 'nft', ...args], input);
 
-/** Everything in the namespace, as `ip -j` and `nft -j` print it, without handles. */
+/** Everything in the namespace, as `ip -j` and `nft -j` print it, without handles and counts. */
 function dumps(): Record<string, unknown> {
   const json = (text: string) => JSON.parse(text || '[]') as unknown;
   const stripHandles = (x: unknown): unknown => {
@@ -50,7 +51,7 @@ function dumps(): Record<string, unknown> {
     if (x && typeof x === 'object')
       return Object.fromEntries(
         Object.entries(x)
-          .filter(([k]) => k !== 'handle')
+          .filter(([k]) => k !== 'handle' && k !== 'packets' && k !== 'bytes')
           .map(([k, v]) => [k, stripHandles(v)]),
       );
     return x;
@@ -464,6 +465,25 @@ describe('kernel port: RecordingKernel and LinuxKernel on one scenario', { timeo
     assert.equal(await real.readSysctl('net.ipv4.no_such_key'), null);
     assert.equal(await real.readSysctl('net/ipv4/conf/veth-x/forwarding'), '0');
     await assert.rejects(real.readSysctl('net/../../etc/passwd'), KernelError);
+  });
+
+  it('without a namespace, reads this process’s /proc/sys', async () => {
+    const here = readFileSync('/proc/sys/net/ipv4/ip_forward', 'utf8').trim();
+    assert.equal(await new LinuxKernel().readSysctl('net.ipv4.ip_forward'), here);
+  });
+
+  it('in a namespace with nothing: no uplink, nothing owned, flush() does nothing', async () => {
+    const bare = `${NS}b`;
+    sh(['ip', 'netns', 'add', bare]);
+    try {
+      const k = new LinuxKernel({ netns: bare });
+      assert.equal(await k.uplink(), null);
+      assert.deepStrictEqual(await k.observe(), EMPTY);
+      await k.flush();
+      assert.deepStrictEqual(await k.observe(), EMPTY);
+    } finally {
+      sh(['ip', 'netns', 'del', bare]);
+    }
   });
 
   const expected: KernelState = structuredClone(EMPTY);

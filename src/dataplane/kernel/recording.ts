@@ -7,12 +7,13 @@
  * one, an address on a missing link, a route through a missing or down device. The same
  * scenario runs against both in test/dataplane/kernel-port.test.ts so the twin cannot drift.
  *
- * Kernel behaviours it copies (all checked against Linux 6.x by that test):
+ * Kernel behaviours it copies (checked against Linux 6.x by that test, except where noted):
  * - a batch stops at the first failing line; the lines before it stay applied;
  * - `rule del` deletes the FIRST rule (by pref, then age) that matches every selector given, so a
  *   rule without `from` can delete one that has a `from`; `rule add` refuses a rule equal to an
  *   existing one, where a missing from/to in the new rule matches any (a kernel quirk);
- * - deleting a link removes its addresses and the routes through it (MACVLANs on it too);
+ * - deleting a link removes its addresses and the routes through it (and the MACVLANs on it:
+ *   not checked there, the test's parent is a veth the twin does not pair);
  *   closing a TUN removes its link the same way; rules naming it stay;
  * - deleting a primary IPv4 address removes the secondaries of its subnet (promote_secondaries
  *   is 0 in a new namespace); an IPv6 address exists once per link whatever its prefix;
@@ -48,7 +49,10 @@ import {
 import { checkLinkName, commandsOf, type Rendered, renderChange, renderNft } from './render.js';
 
 export interface RecordingKernelOptions {
-  /** Links that exist and are not the agent's, with their MTU (MACVLAN parents, route devices). */
+  /**
+   * Links that exist and are not the agent's, with their MTU (MACVLAN parents, route devices).
+   * Default: only `lo`. They are up and never reported by observe().
+   */
   foreignLinks?: Record<string, number>;
   sysctls?: Record<string, string>;
   uplink?: Uplink | null;
