@@ -1,0 +1,53 @@
+/**
+ * How the agent marks the kernel state it owns, so that it removes only its own state (also a
+ * crashed predecessor's) and never touches anyone else's (DECISIONS §6, LESSONS: state left
+ * behind after a crash). Everything here is a constant of the on-host contract: changing one
+ * strands state created by an older version, so add new ranges rather than move these.
+ *
+ * One agent per network namespace: two agents in one namespace would own the same names.
+ */
+
+/** Owned links: TUN devices `mesh-t<slot>` and MACVLANs `mesh-m<slot>`. */
+export const LINK_PREFIX = 'mesh-';
+export const tunName = (slot: number): string => `${LINK_PREFIX}t${slot}`;
+export const macvlanName = (slot: number): string => `${LINK_PREFIX}m${slot}`;
+
+/** Slots number the services this agent carries: 1..MAX_SLOT (12 bits of the mark). */
+export const MAX_SLOT = 4095;
+
+/**
+ * Owned routing tables, two per slot: tableOf(slot) routes into the service's TUN (ingress
+ * selection, exit replies); exitTableOf(slot) leaves by the service's MACVLAN (exit with
+ * requires_interface).
+ */
+export const TABLE_BASE = 52_000;
+export const tableOf = (slot: number): number => TABLE_BASE + slot;
+export const exitTableOf = (slot: number): number => TABLE_BASE + MAX_SLOT + 1 + slot;
+export const isOwnedTable = (table: number): boolean =>
+  table > TABLE_BASE && table <= TABLE_BASE + 2 * (MAX_SLOT + 1);
+
+/**
+ * Owned policy-rule preferences, in the order they are evaluated:
+ * - EXCLUDE: the agent's own traffic (to peer addresses, from its API port) and loopback look up
+ *   main first, so even a catch-all route keeps the cluster up;
+ * - REPLY: replies of connections that entered through an exit TUN go back into it (fwmark);
+ * - FROM_TUN: packets coming out of one of the agent's TUNs are never selected again (no loops);
+ *   at a MACVLAN exit they look up the service's table, which leaves by the MACVLAN;
+ * - ROUTES: one rule per route of a service this agent is the ingress of, in selection order.
+ */
+export const RULE_PREF = {
+  EXCLUDE: 21_000,
+  REPLY: 21_100,
+  FROM_TUN: 21_200,
+  ROUTES_FIRST: 22_000,
+  LAST: 29_999,
+} as const;
+export const isOwnedPref = (pref: number): boolean => pref >= RULE_PREF.EXCLUDE && pref <= RULE_PREF.LAST;
+
+/** Connection and packet marks: the slot in bits 16..27. */
+export const MARK_SHIFT = 16;
+export const MARK_MASK = 0x0fff_0000;
+export const markOf = (slot: number): number => slot << MARK_SHIFT;
+
+/** The agent's nftables table (family inet: one ruleset for IPv4 and IPv6). */
+export const NFT_TABLE = 'mesh_agent';
