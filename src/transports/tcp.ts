@@ -169,15 +169,22 @@ export class TcpTransport extends TunnelKeeper {
     const onError = (error: Error) => refuse('handshake', error.message);
     const onCarrierError = () => finish();
     const onClose = () => finish();
+    // Half-open (see TcpLink): a client that hangs up mid-handshake must not leave the socket open.
+    const onEnd = () => {
+      finish();
+      secure.destroy();
+    };
     const finish = () => {
       clearTimeout(timer);
       this.handshaking.delete(secure);
       secure.off('error', onError);
       secure.off('close', onClose);
+      secure.off('end', onEnd);
       socket.off('error', onCarrierError);
     };
     secure.on('error', onError);
     secure.on('close', onClose);
+    secure.on('end', onEnd);
     socket.on('error', onCarrierError);
     secure.once('secure', () => {
       if (!this.handshaking.has(secure)) return;
@@ -330,11 +337,19 @@ class TcpLink implements Link {
       secure.write(ACCEPT_FRAME);
     }
     this.decoder = new FrameDecoder({ frame: (type, payload) => this.onFrame(type, payload) });
-    secure.on('error', (error: NodeJS.ErrnoException) =>
+    const onError = (error: NodeJS.ErrnoException) =>
       // A record that fails to authenticate (tampering) is not a network accident.
-      this.finish(error.code?.startsWith('ERR_SSL') ? 'corrupt' : undefined, error.message),
-    );
+      this.finish(error.code?.startsWith('ERR_SSL') ? 'corrupt' : undefined, error.message);
+    secure.on('error', onError);
+    // A server-side TLSSocket made outside a tls.Server never has its "control released", and
+    // Node then reports TLS errors after the handshake (a record failing authentication) only as
+    // '_tlsError', neither emitting 'error' nor closing the socket. Node's own tls.Server listens
+    // to the same event. test/transports/tcp-security.test.ts (man in the middle) checks it.
+    secure.on('_tlsError', onError);
     secure.on('close', () => this.finish(undefined, 'connection closed'));
+    // The API server's sockets allow half-open connections, and a TLS socket over one inherits
+    // that: the peer's FIN would otherwise leave it open, half-dead, until the dead timer.
+    secure.on('end', () => this.finish(undefined, 'closed by the peer'));
     carrier.on('error', (error) => this.finish(undefined, error.message));
     secure.on('data', (chunk: Buffer) => {
       this.lastReceivedAt = performance.now();

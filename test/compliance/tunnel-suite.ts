@@ -344,7 +344,13 @@ export function tunnelCompliance(name: string, makeWorld: MakeWorld): void {
         await eventually('delivered', () => pb.from(a).length === 1, 5000);
         world.transport(0).release(b);
         assert.equal(world.transport(0).tunnel(b), undefined);
-        await eventually('the acceptor forgets it', () => world.transport(1).tunnel(a) === undefined, 5000);
+        // Told by the close itself, well before a dead timer could have said it.
+        await eventually(
+          'the acceptor forgets it',
+          () => world.transport(1).tunnel(a) === undefined,
+          world.timing.deadAfterMs / 2,
+        );
+        assert.equal(world.transport(1).faults().dead, 0);
         assert.equal(pb.states.at(-1)?.state, 'down');
         // The released tunnel object drops what it is still given.
         assert.equal(dialer.send([Buffer.from('late')]), true);
@@ -361,8 +367,9 @@ export function tunnelCompliance(name: string, makeWorld: MakeWorld): void {
         await eventually(
           'the acceptor sees it down',
           () => waiting.state === 'down',
-          world.timing.marginMs * 4,
+          world.timing.deadAfterMs / 2,
         );
+        assert.equal(world.transport(1).faults().dead, 0, 'seen closed, not found dead');
         await throughout(
           'no redial',
           () => waiting.state === 'down' && world.transport(0).tunnel(b) === undefined,
@@ -627,8 +634,9 @@ export function tunnelCompliance(name: string, makeWorld: MakeWorld): void {
           () =>
             world.transport(1).tunnel(world.ids[0]!) === undefined &&
             world.transport(2).tunnel(world.ids[0]!) === undefined,
-          world.timing.marginMs * 4,
+          world.timing.deadAfterMs / 2,
         );
+        assert.equal(world.transport(1).faults().dead + world.transport(2).faults().dead, 0);
         assert.throws(() => world.transport(0).ensure(world.ids[1]!), /closed/);
       });
     });
