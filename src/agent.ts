@@ -30,7 +30,13 @@ import { Peers } from './cluster/peers.js';
 import { Replica } from './cluster/replica.js';
 import { ServiceConfig } from './cluster/service-config.js';
 import { type Clock, OffsetClock, systemClock } from './domain/clock.js';
+import { DataPlane, type DataPlaneView } from './dataplane/dataplane.js';
+import { registerDataPlaneMetrics } from './dataplane/dataplane-metrics.js';
+import { LinuxKernel } from './dataplane/kernel/linux.js';
+import { missingRequirements } from './dataplane/requirements.js';
 import { generateLicenseKeyPair } from './license/sign.js';
+import { openTun } from './native/tun.js';
+import { TcpTransport } from './transports/tcp.js';
 import { loadOrCreateSecretFile, removeStaleTempFiles } from './store/key-files.js';
 import { Store } from './store/store.js';
 
@@ -56,6 +62,10 @@ export interface AgentConfig {
   tombstoneHorizonMs?: number;
   /** `--test-hooks`: a movable clock and the gossip fault switch behind admin-only endpoints. */
   testHooks?: boolean;
+  /** `--dataplane`: auto (on with CAP_NET_ADMIN), on, off. Default off for embedders. */
+  dataplane?: 'on' | 'off' | 'auto';
+  /** `--macvlan-parent`; default: the interface of the default route. */
+  macvlanParent?: string | undefined;
 }
 
 export const DATABASE_FILE = 'mesh-agent.db';
@@ -102,9 +112,8 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
   const stale = removeStaleTempFiles(dataDir);
   if (stale > 0) logger.warn({ removed: stale }, 'removed temp files left by an interrupted key write');
 
-  const identity = new Identity(
-    loadOrCreateSecretFile(join(dataDir, IDENTITY_KEY_FILE), Identity.generatePem),
-  );
+  const identityPem = loadOrCreateSecretFile(join(dataDir, IDENTITY_KEY_FILE), Identity.generatePem);
+  const identity = new Identity(identityPem);
   const tokenKey = createPrivateKey(
     loadOrCreateSecretFile(join(dataDir, TOKEN_KEY_FILE), () => generateLicenseKeyPair().privatePem),
   );
@@ -147,6 +156,8 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       },
     });
     const engine = gossip;
+    const data = await buildDataPlane(config, store, identity, createPrivateKey(identityPem), scheme, logger);
+    if (data?.dataplane) registerDataPlaneMetrics(metrics.registry, data.dataplane);
     const tokens = await AccessTokens.create(tokenKey, config.publicUrl, audienceFor(identity.peerId), clock);
     const health = (): HealthReport => {
       const liveReasons: string[] = [];
@@ -157,6 +168,8 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       }
       const readyReasons = stopping ? ['the agent is shutting down'] : [];
       if (replica.removedFromCluster) readyReasons.push('another agent removed this one from the cluster');
+      if (data) readyReasons.push(...data.missing.map((r) => `data plane: ${r}`));
+      if (data?.dataplane) readyReasons.push(...data.dataplane.problems().map((r) => `data plane: ${r}`));
       return { liveReasons, readyReasons };
     };
     const app = await buildApp({
@@ -177,8 +190,11 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
         allocator,
         (peerId) => engine.joined(peerId),
       ),
-      // The data plane joins this in a later issue.
-      sync: () => engine.syncNow(),
+      sync: async () => {
+        await engine.syncNow();
+        await data?.dataplane?.settle();
+      },
+      dataplaneStatus: data?.dataplane ? (id) => data.dataplane!.status(id) : undefined,
       liveness: (peerId) => engine.liveness(peerId),
       gossip: (envelope) => engine.handle(envelope),
       testHooks: testClock && { clock: testClock, faults: engine.faults },
@@ -200,8 +216,14 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       metricsPublic: config.metricsPublic ?? false,
       https: config.tls,
     });
+    // The tunnel shares the API's port through an HTTP Upgrade (docs/dataplane.md).
+    app.server.on('upgrade', (req, socket, head) => {
+      if (!data?.transport?.acceptUpgrade(req, socket, head)) socket.destroy();
+    });
     await app.listen({ host: config.listenHost, port: config.listenPort });
     engine.start();
+    // After the API listens: peers dial our tunnel through it.
+    await data?.start();
     if (testClock) logger.warn('test hooks are on: the clock and gossip faults can be changed over the API');
     const address = app.server.address();
     const port = typeof address === 'object' && address ? address.port : config.listenPort;
@@ -225,6 +247,8 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       async stop() {
         if (stopping) return;
         stopping = true;
+        // Kernel state and tunnels go first, while the store still answers what they were.
+        await data?.stop();
         await engine.stop();
         await app.close();
         store.close();
@@ -240,3 +264,105 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
 
 /** The `aud` of this agent's tokens: bound to its peer id, so no other agent accepts them. */
 export const audienceFor = (peerId: string): string => `urn:mesh-agent:peer:${peerId}`;
+
+/** The data plane's parts, or why it cannot run (`--dataplane on` on a host that lacks something). */
+interface DataPlaneParts {
+  dataplane: DataPlane | null;
+  transport: TcpTransport | null;
+  missing: string[];
+  start(): Promise<void>;
+  stop(): Promise<void>;
+}
+
+/**
+ * Builds the data plane when `--dataplane` asks for it and the host allows it. It is fed from
+ * the store: every write (local or replicated) gives it a new view, and peer changes re-check
+ * the open tunnels against the active peers.
+ */
+async function buildDataPlane(
+  config: AgentConfig,
+  store: Store,
+  identity: Identity,
+  identityKey: KeyObject,
+  scheme: 'http' | 'https',
+  logger: Logger,
+): Promise<DataPlaneParts | null> {
+  const mode = config.dataplane ?? 'off';
+  if (mode === 'off') return null;
+  const missing = await missingRequirements();
+  if (missing.length > 0) {
+    if (mode === 'on') {
+      logger.error({ reasons: missing }, 'the data plane cannot run (--dataplane on); /readyz lists why');
+      return { dataplane: null, transport: null, missing, start: async () => {}, stop: async () => {} };
+    }
+    logger.info({ reasons: missing }, 'data plane off (--dataplane auto)');
+    return null;
+  }
+  const log = logger.child({ component: 'dataplane' });
+  const transport = new TcpTransport({
+    localPeerId: identity.peerId,
+    identityKey,
+    scheme,
+    logger: log,
+    // Short enough that traffic resumes within seconds of a peer coming back.
+    backoff: { minMs: 250, maxMs: 3000 },
+    directory: {
+      peerByKey(raw) {
+        const key = raw.toString('base64');
+        const p = store.peers().find((x) => x.isActive && x.publicKey === key);
+        return p && { id: p.id };
+      },
+      peer(peerId) {
+        const p = store.peer(peerId);
+        return p?.isActive ? { publicKey: Buffer.from(p.publicKey, 'base64'), address: p.address } : undefined;
+      },
+    },
+  });
+  const apiPort = Number(config.advertise.slice(config.advertise.lastIndexOf(':') + 1));
+  const dataplane = new DataPlane({
+    kernel: new LinuxKernel({ openTun: (name) => openTun(name) }),
+    transport,
+    logger: log,
+    apiPort: config.listenPort || apiPort,
+    macvlanParent: config.macvlanParent ?? null,
+  });
+  const view = (): DataPlaneView => {
+    const state = store.agentState();
+    const peers = store.peers();
+    const active = new Set(peers.filter((p) => p.isActive).map((p) => p.id));
+    const services = store.services();
+    return {
+      localPeerId: state?.localPeerId ?? identity.peerId,
+      peers: peers.map((p) => ({ id: p.id, address: p.address })),
+      services: services.map((s) => ({
+        id: s.id,
+        sourcePeerId: s.sourcePeerId,
+        targetPeerId: s.targetPeerId,
+        isActive: active.has(s.sourcePeerId) && active.has(s.targetPeerId),
+        requiresInterface: s.requiresInterface,
+        desiredIpv4Cidr: s.desiredIpv4Cidr,
+        desiredIpv6Cidr: s.desiredIpv6Cidr,
+      })),
+      routes: services.flatMap((s) => store.routesOf(s.id)),
+    };
+  };
+  let started = false;
+  store.onWrite(() => {
+    if (!started) return;
+    transport.revalidate();
+    dataplane.update(view());
+  });
+  return {
+    dataplane,
+    transport,
+    missing: [],
+    async start() {
+      started = true;
+      await dataplane.start(view());
+    },
+    async stop() {
+      await dataplane.stop();
+      await transport.close();
+    },
+  };
+}

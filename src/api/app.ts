@@ -36,6 +36,7 @@ import { registerOperatorRoutes } from './routes/operator.js';
 import { registerPeerRoutes } from './routes/peers.js';
 import { registerServiceRoutes } from './routes/services.js';
 import { registerTestHookRoutes, type TestHooks } from './routes/test-hooks.js';
+import type { ServiceDataPlaneStatus } from '../dataplane/dataplane.js';
 import type { PeerLivenessView } from './views.js';
 
 export interface HealthReport {
@@ -56,6 +57,8 @@ export interface AppDeps {
   peers: Peers;
   /** POST /v1/cluster/sync: run heartbeats, anti-entropy and subsystems now; resolves when done. */
   sync: () => Promise<void>;
+  /** GET /v1/services/{id}'s `dataplane` field; absent when the data plane is off. */
+  dataplaneStatus?: (serviceId: string) => ServiceDataPlaneStatus;
   /** A peer's liveness as this agent observes it (gossip failure detection). */
   liveness: (peerId: string) => PeerLivenessView;
   /** Answers POST /internal/v1/gossip (cluster/gossip.ts). */

@@ -249,7 +249,39 @@ export const ServiceRouteItem = Type.Object({
   dest_cidr: NullableString,
 });
 
-export const ServiceSingle = Type.Object({ ...serviceCommon, routes: Type.Array(ServiceRouteItem) });
+/** Extra field (DECISIONS §7): this agent's own view of the service's traffic; not replicated. */
+export const ServiceDataPlane = Type.Object(
+  {
+    role: Type.Union([Type.Literal('ingress'), Type.Literal('exit'), Type.Literal('none')], {
+      description: 'what this agent is for the service: its source (ingress), its target (exit), or neither',
+    }),
+    state: Type.Union(
+      ['up', 'connecting', 'down', 'error', 'inactive', 'disabled'].map((v) => Type.Literal(v)),
+      {
+        description:
+          'up: tunnel connected and kernel state applied; connecting/down: tunnel not up; error: see problem; ' +
+          'inactive: this agent does not carry the service; disabled: the data plane is off on this agent',
+      },
+    ),
+    exit_mode: Type.Union([Type.Literal('nat'), Type.Literal('macvlan'), Type.Null()], {
+      description: "at the exit, how traffic leaves: the exit's address (nat) or the MACVLAN address",
+    }),
+    interface: NullableString,
+    problem: NullableString,
+    bytes_sent: Type.Integer({ description: 'IP bytes this agent sent into the tunnel for the service' }),
+    packets_sent: Type.Integer(),
+    bytes_received: Type.Integer({ description: 'IP bytes this agent received from the tunnel for the service' }),
+    packets_received: Type.Integer(),
+    dropped: Type.Integer(),
+  },
+  { description: "this agent's view of the service's data plane (not replicated)" },
+);
+
+export const ServiceSingle = Type.Object({
+  ...serviceCommon,
+  routes: Type.Array(ServiceRouteItem),
+  dataplane: ServiceDataPlane,
+});
 
 export const ServiceCreated = Type.Object({
   id: Type.String(),

@@ -1,6 +1,7 @@
 /**
  * Store records as the API shows them: the documented field names and forms. Pure.
  */
+import type { ServiceDataPlaneStatus } from '../dataplane/dataplane.js';
 import type { PeerRecord, RouteRecord, ServiceRecord } from '../store/records.js';
 
 /** Liveness is what this agent observes, not replicated state (docs/gossip.md). */
@@ -75,3 +76,34 @@ export const routeView = (r: RouteRecord) => ({
   source_cidr: r.sourceCidr,
   dest_cidr: r.destCidr,
 });
+
+/** The `dataplane` extra field of a service; `disabled` when this agent runs no data plane. */
+export function dataplaneView(status: ServiceDataPlaneStatus | undefined) {
+  if (!status) {
+    return {
+      role: 'none' as const,
+      state: 'disabled' as const,
+      exit_mode: null,
+      interface: null,
+      problem: null,
+      bytes_sent: 0,
+      packets_sent: 0,
+      bytes_received: 0,
+      packets_received: 0,
+      dropped: 0,
+    };
+  }
+  const c = status.counters;
+  return {
+    role: status.role,
+    state: status.state,
+    exit_mode: status.exit_mode,
+    interface: status.interface,
+    problem: status.problem,
+    bytes_sent: c.bytesSent,
+    packets_sent: c.packetsSent,
+    bytes_received: c.bytesReceived,
+    packets_received: c.packetsReceived,
+    dropped: c.dropped,
+  };
+}

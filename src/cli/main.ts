@@ -57,6 +57,8 @@ async function serve(argv: string[]): Promise<void> {
     metricsPublic: opts.metricsPublic,
     gossipIntervalMs: opts.gossipIntervalMs,
     testHooks: opts.testHooks,
+    dataplane: opts.dataplane,
+    macvlanParent: opts.macvlanParent,
   });
   if (banner) process.stderr.write(`${banner}\n`);
 

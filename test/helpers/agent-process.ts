@@ -21,6 +21,11 @@ export interface StartOptions {
   extraArgs?: string[];
   env?: Record<string, string>;
   readyTimeoutMs?: number;
+  /** Run inside this network namespace (`ip netns exec`), for data-plane tests. */
+  netns?: string;
+  /** `--listen` (default 127.0.0.1:PORT) and the host the test reaches the API at (127.0.0.1). */
+  listen?: string;
+  apiHost?: string;
 }
 
 export class AgentProcess {
@@ -36,21 +41,27 @@ export class AgentProcess {
     readonly dataDir: string,
     private readonly args: string[],
     private readonly env: Record<string, string>,
+    private readonly netns?: string,
+    private readonly apiHost = '127.0.0.1',
   ) {
     this.client = new ApiClient(this.url);
   }
 
   get url(): string {
-    return `http://127.0.0.1:${this.port}`;
+    return `http://${this.apiHost}:${this.port}`;
   }
 
   static async start(opts: StartOptions = {}): Promise<AgentProcess> {
     const port = opts.port ?? (await freePort());
     const dataDir = opts.dataDir ?? mkdtempSync(join(tmpdir(), 'mesh-agent-test-'));
-    const args = ['serve', '--listen', `127.0.0.1:${port}`, '--data-dir', dataDir, '--log-level', 'info'];
+    const listen = opts.listen ?? `127.0.0.1:${port}`;
+    const args = ['serve', '--listen', listen, '--data-dir', dataDir, '--log-level', 'info'];
     if (opts.vendor) args.push('--license-public-key', opts.vendor.publicKeyFile);
     args.push(...(opts.extraArgs ?? []));
-    const agent = new AgentProcess(port, dataDir, args, opts.env ?? {});
+    // Agents of API and cluster tests share the host's network namespace: their data plane stays
+    // off (as root, `auto` would turn it on), and the data-plane tests give each agent its own.
+    if (!args.includes('--dataplane')) args.push('--dataplane', 'off');
+    const agent = new AgentProcess(port, dataDir, args, opts.env ?? {}, opts.netns, opts.apiHost);
     await agent.launch(opts.readyTimeoutMs ?? 20_000);
     return agent;
   }
@@ -63,7 +74,11 @@ export class AgentProcess {
   private async launch(readyTimeoutMs: number): Promise<void> {
     this.exitCode = null;
     this.exitSignal = null;
-    this.proc = spawn(process.execPath, [MAIN_JS, ...this.args], {
+    // `ip netns exec` execs the command in place: the child's pid is the agent's own.
+    const [command, ...argv] = this.netns
+      ? ['ip', 'netns', 'exec', this.netns, process.execPath, MAIN_JS, ...this.args]
+      : [process.execPath, MAIN_JS, ...this.args];
+    this.proc = spawn(command!, argv, {
       env: { ...process.env, ...this.env },
       stdio: ['ignore', 'pipe', 'pipe'],
     });

@@ -29,8 +29,11 @@ const ALLOWED: Record<string, string[]> = {
   license: ['domain', 'license'],
   auth: ['domain', 'store', 'auth'],
   cluster: ['domain', 'store', 'auth', 'license', 'cluster'],
-  api: ['domain', 'store', 'auth', 'license', 'cluster', 'api'],
-  'agent.ts': ['domain', 'store', 'auth', 'license', 'cluster', 'api'],
+  native: ['native'],
+  transports: ['domain', 'native', 'transports'],
+  dataplane: ['domain', 'transports', 'native', 'dataplane'],
+  api: ['domain', 'store', 'auth', 'license', 'cluster', 'dataplane', 'api'],
+  'agent.ts': ['domain', 'store', 'auth', 'license', 'cluster', 'dataplane', 'transports', 'native', 'api'],
   cli: ['agent.ts', 'domain', 'store', 'license', 'cli'],
 };
 

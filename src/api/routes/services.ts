@@ -21,7 +21,13 @@ import {
   ServiceSingle,
   ServiceUpdateBody,
 } from '../schemas.js';
-import { routeView, serviceCreatedView, serviceListView, serviceSingleView } from '../views.js';
+import {
+  dataplaneView,
+  routeView,
+  serviceCreatedView,
+  serviceListView,
+  serviceSingleView,
+} from '../views.js';
 
 const read = [{ oauth2: ['urn:vendor:service:services.read'] }];
 const write = [{ oauth2: ['urn:vendor:service:services.write'] }];
@@ -117,7 +123,10 @@ export function registerServiceRoutes(app: FastifyInstance, deps: AppDeps): void
     },
     async (request) => {
       const { service, routes } = services.get((request.params as { id: string }).id);
-      return serviceSingleView(service, routes, isActive(service, new Set(store.activePeerIds())));
+      return {
+        ...serviceSingleView(service, routes, isActive(service, new Set(store.activePeerIds()))),
+        dataplane: dataplaneView(deps.dataplaneStatus?.(service.id)),
+      };
     },
   );
 

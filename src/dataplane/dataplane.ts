@@ -1,0 +1,417 @@
+/**
+ * The data plane's shell: keeps the kernel and the tunnels in line with the replicated services
+ * and routes, and moves packets between TUN devices and tunnels. The agent (src/agent.ts) feeds
+ * it the store's view with update(); it never reads the store itself.
+ *
+ * Reconciling (one at a time, again when the view changed meanwhile, and on a timer to repair
+ * drift): plan (pure) -> open/close TUNs -> observe owned kernel state -> diff (pure) -> apply.
+ * At start it first removes every piece of owned state (a crashed predecessor's), at stop all of
+ * its own.
+ *
+ * Packet path: a batch read from a service's TUN becomes one tunnel send to the service's other
+ * end; a message from a tunnel is written to the TUN of the service it names, if the sender is
+ * that service's other end (anything else is dropped and counted). Batches of messages that
+ * arrive in one go are written to each TUN in one call.
+ */
+import { lookup } from 'node:dns/promises';
+import { isIP } from 'node:net';
+import type { Logger } from 'pino';
+import { parsePeerAddress } from '../domain/peer-address.js';
+import type { TunnelTransport } from '../transports/tunnel.js';
+import { diff } from './diff.js';
+import type { KernelPort, Tun } from './kernel/port.js';
+import { decodeMessage, encodePacket, uuidBytes } from './packet-frames.js';
+import { type CarriedService, type Plan, type PlanRoute, type PlanService, plan } from './plan.js';
+import { forwardingProblems } from './requirements.js';
+import { SlotTable } from './slots.js';
+
+export interface DataPlaneView {
+  localPeerId: string;
+  services: readonly PlanService[];
+  routes: readonly PlanRoute[];
+  /** Every peer of the cluster with its `host:port` address. */
+  peers: readonly { id: string; address: string }[];
+}
+
+export interface DataPlaneOptions {
+  kernel: KernelPort;
+  /** The transport of `tcp` services. */
+  transport: TunnelTransport;
+  logger: Logger;
+  apiPort: number;
+  /** --macvlan-parent; null: the interface of the default route. */
+  macvlanParent: string | null;
+  reconcileIntervalMs?: number;
+  tunMtu?: number;
+}
+
+export type DropReason = 'unauthorized' | 'unknown_service' | 'malformed' | 'tunnel_down' | 'tun_write';
+
+export interface ServiceCounters {
+  packetsSent: number;
+  bytesSent: number;
+  packetsReceived: number;
+  bytesReceived: number;
+  dropped: number;
+}
+
+/** What GET /v1/services/{id} shows of the data plane, as this agent sees it. */
+export interface ServiceDataPlaneStatus {
+  role: 'ingress' | 'exit' | 'none';
+  /** up: tunnel connected and kernel state applied. */
+  state: 'up' | 'connecting' | 'down' | 'error' | 'inactive';
+  /** The effective exit mode (LESSONS: a NAT toggle that silently does not take effect). */
+  exit_mode: 'nat' | 'macvlan' | null;
+  interface: string | null;
+  problem: string | null;
+  counters: ServiceCounters;
+}
+
+interface Carried {
+  service: CarriedService;
+  idBytes: Buffer;
+  tun: Tun;
+  counters: ServiceCounters;
+  /** Packets from the tunnel waiting for this tick's batched TUN write. */
+  pending: Buffer[];
+}
+
+const zeroCounters = (): ServiceCounters => ({
+  packetsSent: 0,
+  bytesSent: 0,
+  packetsReceived: 0,
+  bytesReceived: 0,
+  dropped: 0,
+});
+
+export class DataPlane {
+  private view: DataPlaneView | null = null;
+  private readonly slots = new SlotTable();
+  private readonly carried = new Map<string, Carried>();
+  /** Counters survive a TUN being re-opened, not the service leaving this agent. */
+  private readonly counters = new Map<string, ServiceCounters>();
+  private readonly drops = new Map<DropReason, number>();
+  private lastPlan: Plan | null = null;
+  private lastPlanUnreachable: ReadonlySet<string> = new Set();
+  private nft: { applied: string | null; appliedFrom: string | null } = { applied: null, appliedFrom: null };
+  private running: Promise<void> | null = null;
+  private again = false;
+  private timer: NodeJS.Timeout | null = null;
+  private stopped = false;
+  private lastError: string | null = null;
+  private hostProblems: string[] = [];
+  private readonly flushQueue = new Set<Carried>();
+  private flushScheduled = false;
+  private readonly peerIpCache = new Map<string, string[]>();
+  /** Peers this agent keeps a tunnel with. */
+  private tunnelPeers = new Set<string>();
+
+  constructor(private readonly options: DataPlaneOptions) {
+    options.transport.on('message', (peerId, message) => this.fromTunnel(peerId, message));
+    // A tunnel going up or down changes what is refused (plan.ts, nftRuleset).
+    options.transport.on('state', () => this.schedule());
+    options.transport.on('drain', (peerId) => {
+      for (const c of this.carried.values()) if (c.service.peerId === peerId) c.tun.resume();
+    });
+  }
+
+  /** Removes a crashed predecessor's state, then reconciles and keeps doing so on a timer. */
+  async start(view: DataPlaneView): Promise<void> {
+    try {
+      await this.options.kernel.flush();
+    } catch (err) {
+      // Reported like any reconcile failure (readyz, service status), and retried by the timer.
+      this.lastError = `removing stale kernel state failed: ${(err as Error).message}`;
+      this.options.logger.error({ err }, 'data plane: removing stale kernel state failed');
+    }
+    this.view = view;
+    await this.settle();
+    this.timer = setInterval(() => this.schedule(), this.options.reconcileIntervalMs ?? 10_000);
+    this.timer.unref();
+  }
+
+  /** A new view of services, routes and peers: reconciled soon (changes coalesce). */
+  update(view: DataPlaneView): void {
+    this.view = view;
+    this.schedule();
+  }
+
+  /** Waits until the kernel and tunnels match the latest view (POST /v1/cluster/sync, tests). */
+  async settle(): Promise<void> {
+    this.schedule();
+    while (this.running) await this.running;
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    if (this.timer) clearInterval(this.timer);
+    while (this.running) await this.running;
+    for (const c of this.carried.values()) c.tun.close();
+    this.carried.clear();
+    for (const peerId of this.tunnelPeers) this.options.transport.release(peerId);
+    await this.options.kernel.flush();
+  }
+
+  status(serviceId: string): ServiceDataPlaneStatus {
+    const c = this.carried.get(serviceId);
+    const problem = this.lastPlan?.problems.get(serviceId) ?? null;
+    if (!c) {
+      return {
+        role: 'none',
+        state: 'inactive',
+        exit_mode: null,
+        interface: null,
+        problem,
+        counters: this.counters.get(serviceId) ?? zeroCounters(),
+      };
+    }
+    const tunnel = this.options.transport.tunnel(c.service.peerId);
+    const hostProblem = this.hostProblems.length > 0 ? this.hostProblems.join('; ') : null;
+    const why = problem ?? this.lastError ?? hostProblem;
+    // Up only once the kernel stopped refusing its traffic (the reconcile after the tunnel came up).
+    const refused = this.lastPlanUnreachable.has(serviceId);
+    const tunnelState = tunnel?.state ?? 'down';
+    const state = why ? 'error' : tunnelState === 'up' && refused ? 'connecting' : tunnelState;
+    return {
+      role: c.service.role,
+      state,
+      exit_mode: c.service.role === 'exit' ? (c.service.macvlan ? 'macvlan' : 'nat') : null,
+      interface: c.service.tun,
+      problem: why,
+      counters: c.counters,
+    };
+  }
+
+  dropCounts(): ReadonlyMap<DropReason, number> {
+    return this.drops;
+  }
+
+  /** Per-service counters of every service this agent has carried since it started. */
+  allCounters(): ReadonlyMap<string, ServiceCounters> {
+    return this.counters;
+  }
+
+  /** Whether each tunnel this agent keeps is up. */
+  tunnelStates(): Map<string, boolean> {
+    const out = new Map<string, boolean>();
+    for (const peerId of this.tunnelPeers) out.set(peerId, this.options.transport.tunnel(peerId)?.state === 'up');
+    return out;
+  }
+
+  /** Why the data plane cannot carry what it should, if so (for /readyz). */
+  problems(): string[] {
+    return [...(this.lastError ? [this.lastError] : []), ...this.hostProblems];
+  }
+
+  // --- reconciling -------------------------------------------------------------------------------
+
+  private schedule(): void {
+    if (this.stopped) return;
+    if (this.running) {
+      this.again = true;
+      return;
+    }
+    this.running = this.reconcile()
+      .catch((err: unknown) => {
+        const message = (err as Error).message;
+        if (message !== this.lastError) this.options.logger.error({ err }, 'data plane reconcile failed');
+        this.lastError = message;
+      })
+      .finally(() => {
+        this.running = null;
+        if (this.again) {
+          this.again = false;
+          this.schedule();
+        }
+      });
+  }
+
+  private async reconcile(): Promise<void> {
+    const view = this.view;
+    if (!view || this.stopped) return;
+    const { kernel } = this.options;
+    const ends = view.services.filter(
+      (s) => s.isActive && (s.sourcePeerId === view.localPeerId || s.targetPeerId === view.localPeerId),
+    );
+    const slots = this.slots.assign(ends.map((s) => s.id));
+    const uplink = await this.uplink();
+    const unreachable = new Set(
+      ends
+        .filter((s) => {
+          const peer = s.sourcePeerId === view.localPeerId ? s.targetPeerId : s.sourcePeerId;
+          return this.options.transport.tunnel(peer)?.state !== 'up';
+        })
+        .map((s) => s.id),
+    );
+    const next = plan({
+      localPeerId: view.localPeerId,
+      services: view.services,
+      routes: view.routes,
+      peerIps: await this.peerIps(view.peers),
+      apiPort: this.options.apiPort,
+      slots,
+      uplink,
+      tunMtu: this.options.tunMtu ?? 1500,
+      unreachable,
+    });
+
+    // TUNs first: links, routes and rules refer to them.
+    const opened = new Set<string>();
+    const wanted = new Map(next.carried.map((c) => [c.serviceId, c]));
+    for (const [id, c] of this.carried) {
+      const w = wanted.get(id);
+      if (!w || w.tun !== c.service.tun || w.peerId !== c.service.peerId || w.role !== c.service.role) {
+        c.tun.close();
+        this.carried.delete(id);
+      } else {
+        c.service = w;
+      }
+    }
+    for (const service of next.carried) {
+      if (this.carried.has(service.serviceId)) continue;
+      const tun = kernel.openTun(service.tun);
+      opened.add(service.tun);
+      let counters = this.counters.get(service.serviceId);
+      if (!counters) {
+        counters = zeroCounters();
+        this.counters.set(service.serviceId, counters);
+      }
+      const carried: Carried = { service, idBytes: uuidBytes(service.serviceId), tun, counters, pending: [] };
+      tun.onPackets((packets) => this.fromTun(carried, packets));
+      this.carried.set(service.serviceId, carried);
+    }
+
+    const observed = await kernel.observe();
+    // A freshly opened TUN is down with the default MTU: always set it up.
+    observed.links = observed.links.filter((l) => !opened.has(l.name));
+    const changes = diff(observed, next.kernel, this.nft);
+    if (changes.length > 0) {
+      await kernel.apply(changes);
+      if (changes.some((c) => c.op === 'nft')) {
+        this.nft = { applied: (await kernel.observe()).nft, appliedFrom: next.kernel.nft };
+      }
+      this.options.logger.info({ changes: changes.length }, 'data plane kernel state reconciled');
+    }
+    this.lastPlan = next;
+    this.lastPlanUnreachable = unreachable;
+    this.lastError = null;
+    const host =
+      next.carried.length === 0
+        ? []
+        : forwardingProblems({
+            ipv4Forward: await kernel.readSysctl('net.ipv4.ip_forward'),
+            ipv6Forward: await kernel.readSysctl('net.ipv6.conf.all.forwarding'),
+          });
+    // Said once when it appears, not on every reconcile (LESSONS: log floods).
+    if (host.join() !== this.hostProblems.join() && host.length > 0) {
+      this.options.logger.warn({ problems: host }, 'the host does not forward: carried traffic cannot cross');
+    }
+    this.hostProblems = host;
+
+    // Tunnels: one per peer this agent shares a carried service with.
+    const peers = new Set(next.carried.map((c) => c.peerId));
+    let newTunnel = false;
+    for (const peerId of peers) {
+      if (!this.tunnelPeers.has(peerId)) newTunnel = true;
+      this.options.transport.ensure(peerId);
+    }
+    for (const peerId of this.tunnelPeers) if (!peers.has(peerId)) this.options.transport.release(peerId);
+    this.tunnelPeers = peers;
+    // A tunnel that was already up before this agent wanted it sends no state event.
+    if (newTunnel) this.again = true;
+  }
+
+  private async uplink() {
+    const found = await this.options.kernel.uplink();
+    const parent = this.options.macvlanParent;
+    if (!parent) return found;
+    return found && found.dev === parent ? found : { dev: parent, gateway4: null, gateway6: null };
+  }
+
+  /** Peer hosts as IP addresses (names resolved, cached: a changing DNS answer is not followed). */
+  private async peerIps(peers: DataPlaneView['peers']): Promise<string[]> {
+    const out: string[] = [];
+    for (const p of peers) {
+      const host = parsePeerAddress(p.address)?.host;
+      if (!host) continue;
+      if (isIP(host)) {
+        out.push(host);
+        continue;
+      }
+      let ips = this.peerIpCache.get(host);
+      if (!ips) {
+        try {
+          ips = (await lookup(host, { all: true })).map((a) => a.address);
+          this.peerIpCache.set(host, ips);
+        } catch {
+          ips = [];
+        }
+      }
+      out.push(...ips);
+    }
+    return out;
+  }
+
+  // --- packets -----------------------------------------------------------------------------------
+
+  private fromTun(c: Carried, packets: Buffer[]): void {
+    const tunnel = this.options.transport.tunnel(c.service.peerId);
+    if (!tunnel || tunnel.state !== 'up') {
+      this.drop('tunnel_down', c, packets.length);
+      return;
+    }
+    const messages = new Array<Buffer>(packets.length);
+    let bytes = 0;
+    for (let i = 0; i < packets.length; i++) {
+      const p = packets[i]!;
+      bytes += p.length;
+      messages[i] = encodePacket(c.idBytes, p);
+    }
+    c.counters.packetsSent += packets.length;
+    c.counters.bytesSent += bytes;
+    // Above the tunnel's high-water mark: stop reading this TUN until the tunnel drains.
+    if (!tunnel.send(messages)) c.tun.pause();
+  }
+
+  private fromTunnel(peerId: string, message: Buffer): void {
+    const decoded = decodeMessage(message);
+    if (decoded.kind === 'malformed') {
+      this.drop('malformed', undefined, 1);
+      return;
+    }
+    const c = this.carried.get(decoded.serviceId);
+    if (!c) {
+      this.drop('unknown_service', undefined, 1);
+      return;
+    }
+    // Only the service's other end may put packets into its TUN.
+    if (c.service.peerId !== peerId) {
+      this.drop('unauthorized', c, 1);
+      return;
+    }
+    c.counters.packetsReceived++;
+    c.counters.bytesReceived += decoded.packet.length;
+    c.pending.push(decoded.packet);
+    this.flushQueue.add(c);
+    if (!this.flushScheduled) {
+      this.flushScheduled = true;
+      queueMicrotask(() => this.flushTuns());
+    }
+  }
+
+  private flushTuns(): void {
+    this.flushScheduled = false;
+    for (const c of this.flushQueue) {
+      const batch = c.pending;
+      c.pending = [];
+      const written = c.tun.write(batch);
+      if (written < batch.length) this.drop('tun_write', c, batch.length - written);
+    }
+    this.flushQueue.clear();
+  }
+
+  private drop(reason: DropReason, c: Carried | undefined, count: number): void {
+    this.drops.set(reason, (this.drops.get(reason) ?? 0) + count);
+    if (c) c.counters.dropped += count;
+  }
+}

@@ -1,0 +1,91 @@
+/**
+ * The changes that turn the observed kernel state into the desired one (pure). Both sides are
+ * compared in one canonical form (kernel/canonical.ts: the form observe() reports), so a state read back
+ * from the kernel matches the state that produced it. Removals come first, innermost first
+ * (rules, routes, addresses, links), then additions outermost first; the nftables table is
+ * replaced whole when its listing differs from the one recorded after the last apply.
+ */
+import { canonicalAddress, canonicalLink, canonicalRoute, canonicalRule } from './kernel/canonical.js';
+import type { AddressSpec, KernelChange, KernelState, LinkSpec, RouteSpec, RuleSpec } from './kernel/port.js';
+
+export function ruleKey(r: RuleSpec): string {
+  const c = canonicalRule(r);
+  return JSON.stringify([
+    c.family,
+    c.pref,
+    c.from ?? null,
+    c.to ?? null,
+    c.iif ?? null,
+    c.fwmark ? [c.fwmark.value >>> 0, c.fwmark.mask >>> 0] : null,
+    c.ipproto ?? null,
+    c.sport ?? null,
+    c.table,
+  ]);
+}
+
+export function routeKey(r: RouteSpec): string {
+  const c = canonicalRoute(r);
+  return JSON.stringify([c.family, c.table, c.dst, c.dev, c.via ?? null]);
+}
+
+export function addressKey(a: AddressSpec): string {
+  const c = canonicalAddress(a);
+  return JSON.stringify([c.dev, c.cidr]);
+}
+
+export function linkKey(l: LinkSpec): string {
+  const c = canonicalLink(l);
+  return JSON.stringify([c.name, c.kind, c.parent ?? null, c.mtu]);
+}
+
+function missing<T>(from: readonly T[], other: readonly T[], key: (x: T) => string): T[] {
+  const have = new Set(other.map(key));
+  const seen = new Set<string>();
+  return from.filter((x) => {
+    const k = key(x);
+    if (have.has(k) || seen.has(k)) return false;
+    seen.add(k);
+    return true;
+  });
+}
+
+/**
+ * @param nftApplied the listing nft printed right after the agent last replaced its table (the
+ *   observed listing is compared with it: nft prints a ruleset in its own words), or null.
+ * @param nftDesired the ruleset the agent last applied, to know whether the wanted one changed.
+ */
+export function diff(
+  observed: KernelState,
+  desired: KernelState,
+  nft: { applied: string | null; appliedFrom: string | null },
+): KernelChange[] {
+  const changes: KernelChange[] = [];
+  for (const rule of missing(observed.rules, desired.rules, ruleKey)) changes.push({ op: 'del', rule });
+  for (const route of missing(observed.routes, desired.routes, routeKey)) changes.push({ op: 'del', route });
+  for (const address of missing(observed.addresses, desired.addresses, addressKey)) {
+    // An address on a link that goes away goes with it.
+    if (!missing(observed.links, desired.links, linkKey).some((l) => l.name === address.dev)) {
+      changes.push({ op: 'del', address });
+    }
+  }
+  // A TUN is held by the agent's fd: a changed MTU is set again ('add' sets it), never re-created.
+  const desiredTuns = new Set(desired.links.filter((l) => l.kind === 'tun').map((l) => l.name));
+  const linksToDelete = missing(observed.links, desired.links, linkKey).filter(
+    (l) => !(l.kind === 'tun' && desiredTuns.has(l.name)),
+  );
+  for (const link of linksToDelete) changes.push({ op: 'del', link });
+  // A link deleted for a changed attribute (mtu, parent) is added again below, addresses too.
+  const survivors = observed.links.filter((l) => !linksToDelete.includes(l));
+  for (const link of missing(desired.links, survivors, linkKey)) changes.push({ op: 'add', link });
+  const keptAddresses = observed.addresses.filter((a) => survivors.some((l) => l.name === a.dev));
+  for (const address of missing(desired.addresses, keptAddresses, addressKey)) changes.push({ op: 'add', address });
+  // Routes through a re-created link vanished with it.
+  const keptRoutes = observed.routes.filter((r) => survivors.some((l) => l.name === r.dev));
+  for (const route of missing(desired.routes, keptRoutes, routeKey)) changes.push({ op: 'add', route });
+  for (const rule of missing(desired.rules, observed.rules, ruleKey)) changes.push({ op: 'add', rule });
+  const nftDrifted = observed.nft !== nft.applied;
+  if (desired.nft !== nft.appliedFrom || nftDrifted) {
+    if (desired.nft !== null || observed.nft !== null) changes.push({ op: 'nft', ruleset: desired.nft });
+  }
+  return changes;
+}

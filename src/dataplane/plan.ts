@@ -1,0 +1,300 @@
+/**
+ * The data plane's pure core: from the replicated services and routes (as this agent sees them)
+ * to the kernel state this agent wants (DECISIONS §6). No I/O: the reconciler feeds it and
+ * applies the difference through the kernel port. docs/dataplane.md draws the result.
+ *
+ * Per service this agent carries, one slot N (1..4095) names everything: TUN `mesh-tN`, tables
+ * tableOf(N) / exitTableOf(N), mark N << 16, MACVLAN `mesh-mN`.
+ *
+ * Ingress (source peer): each route becomes one policy rule per family, ordered by the route
+ * selection order of DECISIONS §6 (priority, then longer destination prefix, then longer source
+ * prefix, then lower route id), looking up tableOf(N), whose default route is the service's TUN.
+ * Exit (target peer): packets read from the tunnel are written to the TUN; they get the
+ * connection mark N, are NATed (masquerade, or SNAT to the MACVLAN address) and routed by main
+ * (or by exitTableOf(N), out of the MACVLAN). Replies carry the connection mark back into a
+ * packet mark, which a rule sends to tableOf(N), into the TUN.
+ */
+import { formatIp, parseCidr } from '../domain/cidr.js';
+import type { Family, KernelState, LinkSpec, RouteSpec, RuleSpec } from './kernel/port.js';
+import {
+  exitTableOf,
+  MARK_MASK,
+  macvlanName,
+  markOf,
+  RULE_PREF,
+  tableOf,
+  tunName,
+} from './kernel/ownership.js';
+
+/** A service as the data plane needs it. */
+export interface PlanService {
+  id: string;
+  sourcePeerId: string;
+  targetPeerId: string;
+  /** Both peers active: an inactive service carries nothing. */
+  isActive: boolean;
+  requiresInterface: boolean;
+  /** Interface address with prefix, e.g. 10.91.2.50/24. */
+  desiredIpv4Cidr: string | null;
+  desiredIpv6Cidr: string | null;
+}
+
+export interface PlanRoute {
+  id: number;
+  serviceId: string;
+  priority: number;
+  sourceCidr: string | null;
+  destCidr: string | null;
+}
+
+export interface PlanInput {
+  localPeerId: string;
+  services: readonly PlanService[];
+  routes: readonly PlanRoute[];
+  /** IP addresses of every peer of the cluster (this one included): never selected. */
+  peerIps: readonly string[];
+  /** TCP port of the management API (gossip and the tunnel share it): its replies are never selected. */
+  apiPort: number;
+  /** Slot of every service this agent carries (see SlotTable). */
+  slots: ReadonlyMap<string, number>;
+  /** MACVLAN parent and its gateways (the --macvlan-parent interface, or the default route's). */
+  uplink: { dev: string; gateway4: string | null; gateway6: string | null } | null;
+  /** MTU of the TUN devices (per transport: tcp carries whole packets, so the link's own). */
+  tunMtu: number;
+  /** Services whose tunnel is not up: their TCP gets a reset and the rest an ICMP error. */
+  unreachable: ReadonlySet<string>;
+}
+
+export type Role = 'ingress' | 'exit';
+
+/** What this agent carries for one service. */
+export interface CarriedService {
+  serviceId: string;
+  slot: number;
+  role: Role;
+  /** The peer at the other end of the tunnel. */
+  peerId: string;
+  tun: string;
+  macvlan: string | null;
+}
+
+export interface Plan {
+  kernel: KernelState;
+  carried: CarriedService[];
+  /** Why a service cannot be carried as asked (e.g. a MACVLAN without a parent), by service id. */
+  problems: Map<string, string>;
+}
+
+const FAMILIES: readonly Family[] = [4, 6];
+
+/** The services this agent is an end of, with their role; inactive ones are left out. */
+export function carriedServices(
+  input: Pick<PlanInput, 'localPeerId' | 'services' | 'slots'>,
+): CarriedService[] {
+  const out: CarriedService[] = [];
+  for (const s of input.services) {
+    if (!s.isActive) continue;
+    const role: Role | null =
+      s.sourcePeerId === input.localPeerId ? 'ingress' : s.targetPeerId === input.localPeerId ? 'exit' : null;
+    const slot = input.slots.get(s.id);
+    if (!role || slot === undefined) continue;
+    out.push({
+      serviceId: s.id,
+      slot,
+      role,
+      peerId: role === 'ingress' ? s.targetPeerId : s.sourcePeerId,
+      tun: tunName(slot),
+      macvlan: role === 'exit' && s.requiresInterface ? macvlanName(slot) : null,
+    });
+  }
+  return out.sort((a, b) => a.slot - b.slot);
+}
+
+/** DECISIONS §6 selection order: lower priority, longer destination, longer source, lower id. */
+export function compareRoutes(a: PlanRoute, b: PlanRoute): number {
+  return (
+    a.priority - b.priority ||
+    prefixLength(b.destCidr) - prefixLength(a.destCidr) ||
+    prefixLength(b.sourceCidr) - prefixLength(a.sourceCidr) ||
+    a.id - b.id
+  );
+}
+
+function prefixLength(cidr: string | null): number {
+  return cidr === null ? -1 : Number(cidr.slice(cidr.indexOf('/') + 1));
+}
+
+function familyOf(route: PlanRoute): Family | null {
+  const any = route.sourceCidr ?? route.destCidr;
+  return any === null ? null : any.includes(':') ? 6 : 4;
+}
+
+export function plan(input: PlanInput): Plan {
+  const carried = carriedServices(input);
+  const problems = new Map<string, string>();
+  const links: LinkSpec[] = [];
+  const addresses: KernelState['addresses'] = [];
+  const routes: RouteSpec[] = [];
+  const rules: RuleSpec[] = [];
+  const byId = new Map(input.services.map((s) => [s.id, s]));
+
+  for (const c of carried) {
+    links.push({ name: c.tun, kind: 'tun', mtu: input.tunMtu });
+    // Into the TUN: the ingress's selected traffic, the exit's replies.
+    for (const family of FAMILIES) {
+      routes.push({ family, table: tableOf(c.slot), dst: 'default', dev: c.tun });
+    }
+    let fromTunTable: number | 'main' = 'main';
+    if (c.macvlan) {
+      const service = byId.get(c.serviceId)!;
+      if (!input.uplink) {
+        problems.set(c.serviceId, 'requires_interface: no --macvlan-parent and no default route to attach to');
+      } else {
+        links.push({ name: c.macvlan, kind: 'macvlan', parent: input.uplink.dev, mtu: 1500 });
+        fromTunTable = exitTableOf(c.slot);
+        for (const [cidrText, gateway] of [
+          [service.desiredIpv4Cidr, input.uplink.gateway4],
+          [service.desiredIpv6Cidr, input.uplink.gateway6],
+        ] as const) {
+          const cidr = cidrText ? parseCidr(cidrText, false) : undefined;
+          if (!cidr) continue;
+          addresses.push({ dev: c.macvlan, cidr: cidr.text });
+          const network = networkOf(cidr.text);
+          routes.push({ family: cidr.family, table: fromTunTable, dst: network, dev: c.macvlan });
+          if (gateway && contains(network, gateway)) {
+            routes.push({ family: cidr.family, table: fromTunTable, dst: 'default', dev: c.macvlan, via: gateway });
+          }
+        }
+      }
+    }
+    for (const family of FAMILIES) {
+      // Packets the agent writes into a TUN are never selected again (that would loop).
+      rules.push({ family, pref: RULE_PREF.FROM_TUN, iif: c.tun, table: fromTunTable });
+      if (c.role === 'exit') {
+        rules.push({
+          family,
+          pref: RULE_PREF.REPLY,
+          fwmark: { value: markOf(c.slot), mask: MARK_MASK },
+          table: tableOf(c.slot),
+        });
+      }
+    }
+  }
+
+  // Ingress selection: every route of every service this agent is the ingress of, in order.
+  const slotOfService = new Map(carried.filter((c) => c.role === 'ingress').map((c) => [c.serviceId, c.slot]));
+  const selecting = input.routes.filter((r) => slotOfService.has(r.serviceId)).sort(compareRoutes);
+  const nextPref: Record<Family, number> = { 4: RULE_PREF.ROUTES_FIRST, 6: RULE_PREF.ROUTES_FIRST };
+  for (const route of selecting) {
+    const only = familyOf(route);
+    for (const family of only === null ? FAMILIES : [only]) {
+      const pref = nextPref[family]++;
+      if (pref > RULE_PREF.LAST) {
+        problems.set(route.serviceId, `too many routes on this ingress (rule range ends at ${RULE_PREF.LAST})`);
+        continue;
+      }
+      const rule: RuleSpec = { family, pref, table: tableOf(slotOfService.get(route.serviceId)!) };
+      if (route.sourceCidr !== null) rule.from = route.sourceCidr;
+      if (route.destCidr !== null) rule.to = route.destCidr;
+      rules.push(rule);
+    }
+  }
+
+  // The agent's own traffic is excluded first, so that even a catch-all route keeps the cluster
+  // (gossip, tunnels: to peer addresses; API replies: from its port) and loopback working.
+  if (selecting.length > 0) {
+    for (const ip of [...new Set(input.peerIps)].sort()) {
+      const family: Family = ip.includes(':') ? 6 : 4;
+      rules.push({ family, pref: RULE_PREF.EXCLUDE, to: family === 4 ? `${ip}/32` : `${ip}/128`, table: 'main' });
+    }
+    for (const family of FAMILIES) {
+      rules.push({ family, pref: RULE_PREF.EXCLUDE, to: family === 4 ? '127.0.0.0/8' : '::1/128', table: 'main' });
+      rules.push({ family, pref: RULE_PREF.EXCLUDE, ipproto: 'tcp', sport: input.apiPort, table: 'main' });
+    }
+  }
+
+  return {
+    kernel: {
+      links,
+      addresses,
+      rules,
+      routes,
+      nft: carried.length > 0 ? nftRuleset(carried, byId, input.unreachable) : null,
+    },
+    carried,
+    problems,
+  };
+}
+
+/**
+ * The agent's nftables table. Connection marks tie an exit's connections to their service, so
+ * replies find the TUN they came from whatever their destination; NAT makes the exit (or its
+ * MACVLAN) the source; forwarded SYNs into a TUN get their MSS clamped to the route's MTU. While
+ * a service's tunnel is down, what would enter its TUN is refused (TCP reset, ICMP otherwise), so
+ * a client sees an error at once instead of retransmitting into a void for minutes.
+ */
+function nftRuleset(
+  carried: readonly CarriedService[],
+  byId: ReadonlyMap<string, PlanService>,
+  unreachable: ReadonlySet<string>,
+): string {
+  const exits = carried.filter((c) => c.role === 'exit');
+  const hex = (n: number) => `0x${n.toString(16).padStart(8, '0')}`;
+  const pre: string[] = [];
+  const post: string[] = [];
+  for (const c of exits) {
+    pre.push(`iifname "${c.tun}" ct mark set ${hex(markOf(c.slot))}`);
+    const service = byId.get(c.serviceId)!;
+    if (c.macvlan) {
+      const v4 = service.desiredIpv4Cidr && parseCidr(service.desiredIpv4Cidr, false);
+      const v6 = service.desiredIpv6Cidr && parseCidr(service.desiredIpv6Cidr, false);
+      const addr4 = v4 ? v4.text.split('/')[0] : null;
+      const addr6 = v6 ? v6.text.split('/')[0] : null;
+      if (addr4) post.push(`iifname "${c.tun}" oifname "${c.macvlan}" meta nfproto ipv4 snat ip to ${addr4}`);
+      if (addr6) post.push(`iifname "${c.tun}" oifname "${c.macvlan}" meta nfproto ipv6 snat ip6 to ${addr6}`);
+    } else {
+      post.push(`iifname "${c.tun}" oifname != "${c.tun}" masquerade`);
+    }
+  }
+  if (exits.length > 0) {
+    pre.push(`ct direction reply ct mark and ${hex(MARK_MASK)} != 0 meta mark set ct mark and ${hex(MARK_MASK)}`);
+  }
+  const refused = carried.filter((c) => unreachable.has(c.serviceId)).map((c) => `"${c.tun}"`);
+  const refuse =
+    refused.length === 0
+      ? []
+      : [
+          `oifname { ${refused.join(', ')} } meta l4proto tcp reject with tcp reset`,
+          `oifname { ${refused.join(', ')} } reject`,
+        ];
+  const chain = (name: string, hook: string, body: string[]) =>
+    body.length === 0 ? '' : `  chain ${name} {\n    ${hook}\n${body.map((l) => `    ${l}\n`).join('')}  }\n`;
+  return [
+    chain('prerouting', 'type filter hook prerouting priority mangle; policy accept;', pre),
+    chain('postrouting', 'type nat hook postrouting priority srcnat; policy accept;', post),
+    chain('forward', 'type filter hook forward priority mangle; policy accept;', [
+      'oifname "mesh-t*" tcp flags syn tcp option maxseg size set rt mtu',
+    ]),
+    chain('refuse_forward', 'type filter hook forward priority filter; policy accept;', refuse),
+    chain('refuse_output', 'type filter hook output priority filter; policy accept;', refuse),
+  ].join('');
+}
+
+/** The network of an interface CIDR: 10.91.2.50/24 -> 10.91.2.0/24. */
+export function networkOf(cidrText: string): string {
+  const cidr = parseCidr(cidrText, false)!;
+  const bytes = Uint8Array.from(cidr.bytes);
+  for (let bit = cidr.prefix; bit < bytes.length * 8; bit++) bytes[bit >> 3]! &= ~(1 << (7 - (bit & 7)));
+  return `${formatIp(bytes)}/${cidr.prefix}`;
+}
+
+function contains(network: string, ip: string): boolean {
+  const net = parseCidr(network, true);
+  const host = parseCidr(`${ip}/${ip.includes(':') ? 128 : 32}`, false);
+  if (!net || !host || net.family !== host.family) return false;
+  for (let bit = 0; bit < net.prefix; bit++) {
+    const mask = 1 << (7 - (bit & 7));
+    if ((net.bytes[bit >> 3]! & mask) !== (host.bytes[bit >> 3]! & mask)) return false;
+  }
+  return true;
+}

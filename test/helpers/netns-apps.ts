@@ -1,0 +1,114 @@
+/**
+ * Small programs the data-plane tests run inside their namespaces (`ip netns exec NS node
+ * dist/test/helpers/netns-apps.js CMD ...`):
+ * - `serve PORT_HTTP PORT_UDP`: the destination. HTTP on [::] (dual stack): `/` answers the
+ *   client address it saw and prints `remote <addr>` to stdout (its own log); `/bytes?n=N` sends
+ *   N bytes of the test stream (see streamBlock). A UDP echo on PORT_UDP.
+ * - `udp HOST PORT TEXT`: sends TEXT, prints the echo, exits 1 after 3 s without one.
+ * - `burst URL N`: N concurrent GETs, each a new connection; prints a JSON array of statuses
+ *   (or error codes).
+ */
+import { createCipheriv, createHash } from 'node:crypto';
+import dgram from 'node:dgram';
+import http from 'node:http';
+
+/** Every 64 KiB block of the test stream starts with this marker (looked for in captures). */
+export const MARKER = 'MESH-MARKER-7d1e';
+const BLOCK = 64 * 1024;
+
+/** Block i of the test stream: the marker, then AES-128-CTR keystream (fast, incompressible). */
+export function streamBlock(i: number): Buffer {
+  const iv = Buffer.alloc(16);
+  iv.writeUInt32BE(i, 12);
+  const out = createCipheriv('aes-128-ctr', Buffer.alloc(16, 7), iv).update(Buffer.alloc(BLOCK));
+  out.write(MARKER, 0, 'latin1');
+  return out;
+}
+
+/** SHA-256 (hex) of the first n bytes of the test stream. */
+export function streamSha256(n: number): string {
+  const h = createHash('sha256');
+  for (let i = 0, left = n; left > 0; i++, left -= BLOCK) {
+    const b = streamBlock(i);
+    h.update(left >= BLOCK ? b : b.subarray(0, left));
+  }
+  return h.digest('hex');
+}
+
+function serve(httpPort: number, udpPort: number): void {
+  const server = http.createServer((req, res) => {
+    const remote = (req.socket.remoteAddress ?? '').replace(/^::ffff:/, '');
+    const url = new URL(req.url ?? '/', 'http://x');
+    if (url.pathname === '/bytes') {
+      const n = Number(url.searchParams.get('n') ?? '0');
+      res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': String(n) });
+      let i = 0;
+      let left = n;
+      const pump = () => {
+        while (left > 0) {
+          const b = streamBlock(i++);
+          const chunk = left >= BLOCK ? b : b.subarray(0, left);
+          left -= chunk.length;
+          if (!res.write(chunk)) {
+            res.once('drain', pump);
+            return;
+          }
+        }
+        res.end();
+      };
+      pump();
+      return;
+    }
+    process.stdout.write(`remote ${remote}\n`);
+    res.writeHead(200, { 'content-type': 'application/json', connection: 'close' });
+    res.end(JSON.stringify({ remote }));
+  });
+  server.listen(httpPort, '::');
+  const udp = dgram.createSocket({ type: 'udp6', ipv6Only: false });
+  udp.on('message', (msg, rinfo) => udp.send(msg, rinfo.port, rinfo.address));
+  udp.bind(udpPort, '::');
+  server.on('listening', () => process.stdout.write('listening\n'));
+}
+
+function udpEcho(host: string, port: number, text: string): void {
+  const sock = dgram.createSocket(host.includes(':') ? 'udp6' : 'udp4');
+  const timer = setTimeout(() => {
+    process.stderr.write('no echo within 3 s\n');
+    process.exit(1);
+  }, 3000);
+  sock.on('message', (msg) => {
+    clearTimeout(timer);
+    process.stdout.write(msg.toString());
+    sock.close();
+  });
+  sock.send(text, port, host);
+}
+
+function burst(url: string, n: number): void {
+  const results: (number | string)[] = [];
+  let done = 0;
+  for (let i = 0; i < n; i++) {
+    const req = http.get(url, { agent: false, timeout: 10_000 }, (res) => {
+      res.resume();
+      res.on('end', () => finish(i, res.statusCode ?? 0));
+    });
+    req.on('timeout', () => req.destroy(new Error('ETIMEDOUT')));
+    req.on('error', (err) => finish(i, (err as NodeJS.ErrnoException).code ?? err.message));
+  }
+  function finish(i: number, r: number | string) {
+    if (results[i] !== undefined) return;
+    results[i] = r;
+    if (++done === n) process.stdout.write(JSON.stringify(results));
+  }
+}
+
+if (process.argv[1]?.endsWith('netns-apps.js')) {
+  const [cmd, ...args] = process.argv.slice(2);
+  if (cmd === 'serve') serve(Number(args[0]), Number(args[1]));
+  else if (cmd === 'udp') udpEcho(args[0]!, Number(args[1]), args[2]!);
+  else if (cmd === 'burst') burst(args[0]!, Number(args[1]));
+  else {
+    process.stderr.write(`unknown command ${cmd}\n`);
+    process.exit(2);
+  }
+}
