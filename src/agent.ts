@@ -29,16 +29,16 @@ import { HttpPeerCaller } from './cluster/peer-client.js';
 import { Peers } from './cluster/peers.js';
 import { Replica } from './cluster/replica.js';
 import { ServiceConfig } from './cluster/service-config.js';
-import { type Clock, OffsetClock, systemClock } from './domain/clock.js';
 import { DataPlane, type DataPlaneView } from './dataplane/dataplane.js';
 import { registerDataPlaneMetrics } from './dataplane/dataplane-metrics.js';
 import { LinuxKernel } from './dataplane/kernel/linux.js';
 import { missingRequirements } from './dataplane/requirements.js';
+import { type Clock, OffsetClock, systemClock } from './domain/clock.js';
 import { generateLicenseKeyPair } from './license/sign.js';
 import { openTun } from './native/tun.js';
-import { TcpTransport } from './transports/tcp.js';
 import { loadOrCreateSecretFile, removeStaleTempFiles } from './store/key-files.js';
 import { Store } from './store/store.js';
+import { TcpTransport } from './transports/tcp.js';
 
 export interface AgentConfig {
   listenHost: string;
@@ -314,7 +314,9 @@ async function buildDataPlane(
       },
       peer(peerId) {
         const p = store.peer(peerId);
-        return p?.isActive ? { publicKey: Buffer.from(p.publicKey, 'base64'), address: p.address } : undefined;
+        return p?.isActive
+          ? { publicKey: Buffer.from(p.publicKey, 'base64'), address: p.address }
+          : undefined;
       },
     },
   });

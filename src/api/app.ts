@@ -17,6 +17,7 @@ import type { ClusterCredential } from '../cluster/cluster-credential.js';
 import type { Identity } from '../cluster/identity.js';
 import type { Peers } from '../cluster/peers.js';
 import type { ServiceConfig } from '../cluster/service-config.js';
+import type { ServiceDataPlaneStatus } from '../dataplane/dataplane.js';
 import type { Clock } from '../domain/clock.js';
 import { ApiError } from '../domain/errors.js';
 import { ALL_SCOPES } from '../domain/scopes.js';
@@ -36,7 +37,6 @@ import { registerOperatorRoutes } from './routes/operator.js';
 import { registerPeerRoutes } from './routes/peers.js';
 import { registerServiceRoutes } from './routes/services.js';
 import { registerTestHookRoutes, type TestHooks } from './routes/test-hooks.js';
-import type { ServiceDataPlaneStatus } from '../dataplane/dataplane.js';
 import type { PeerLivenessView } from './views.js';
 
 export interface HealthReport {

@@ -270,7 +270,9 @@ export const ServiceDataPlane = Type.Object(
     problem: NullableString,
     bytes_sent: Type.Integer({ description: 'IP bytes this agent sent into the tunnel for the service' }),
     packets_sent: Type.Integer(),
-    bytes_received: Type.Integer({ description: 'IP bytes this agent received from the tunnel for the service' }),
+    bytes_received: Type.Integer({
+      description: 'IP bytes this agent received from the tunnel for the service',
+    }),
     packets_received: Type.Integer(),
     dropped: Type.Integer(),
   },

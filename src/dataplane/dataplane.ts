@@ -194,7 +194,8 @@ export class DataPlane {
   /** Whether each tunnel this agent keeps is up. */
   tunnelStates(): Map<string, boolean> {
     const out = new Map<string, boolean>();
-    for (const peerId of this.tunnelPeers) out.set(peerId, this.options.transport.tunnel(peerId)?.state === 'up');
+    for (const peerId of this.tunnelPeers)
+      out.set(peerId, this.options.transport.tunnel(peerId)?.state === 'up');
     return out;
   }
 

@@ -78,7 +78,8 @@ export function diff(
   const survivors = observed.links.filter((l) => !linksToDelete.includes(l));
   for (const link of missing(desired.links, survivors, linkKey)) changes.push({ op: 'add', link });
   const keptAddresses = observed.addresses.filter((a) => survivors.some((l) => l.name === a.dev));
-  for (const address of missing(desired.addresses, keptAddresses, addressKey)) changes.push({ op: 'add', address });
+  for (const address of missing(desired.addresses, keptAddresses, addressKey))
+    changes.push({ op: 'add', address });
   // Routes through a re-created link vanished with it.
   const keptRoutes = observed.routes.filter((r) => survivors.some((l) => l.name === r.dev));
   for (const route of missing(desired.routes, keptRoutes, routeKey)) changes.push({ op: 'add', route });

@@ -20,7 +20,13 @@ const svc = (id: string, source: string, target: string, extra: Partial<PlanServ
   desiredIpv6Cidr: null,
   ...extra,
 });
-const route = (id: number, serviceId: string, priority: number, src: string | null, dst: string | null): PlanRoute => ({
+const route = (
+  id: number,
+  serviceId: string,
+  priority: number,
+  src: string | null,
+  dst: string | null,
+): PlanRoute => ({
   id,
   serviceId,
   priority,
@@ -108,7 +114,14 @@ describe('plan: route selection order (DECISIONS §6)', () => {
         [6, 'sport 7480', 'main'],
       ],
     );
-    assert.ok(Math.max(...excl.map((r) => r.pref)) < Math.min(...p.kernel.rules.filter((r) => r.to === undefined && r.sport === undefined && r.iif === undefined).map((r) => r.pref)));
+    assert.ok(
+      Math.max(...excl.map((r) => r.pref)) <
+        Math.min(
+          ...p.kernel.rules
+            .filter((r) => r.to === undefined && r.sport === undefined && r.iif === undefined)
+            .map((r) => r.pref),
+        ),
+    );
   });
 
   it('leaves inactive services and services of other peers out', () => {
@@ -137,7 +150,10 @@ describe('plan: exit', () => {
     );
     assert.match(p.kernel.nft!, /iifname "mesh-t3" ct mark set 0x00030000/);
     assert.match(p.kernel.nft!, /iifname "mesh-t3" oifname != "mesh-t3" masquerade/);
-    assert.match(p.kernel.nft!, /ct direction reply ct mark and 0x0fff0000 != 0 meta mark set ct mark and 0x0fff0000/);
+    assert.match(
+      p.kernel.nft!,
+      /ct direction reply ct mark and 0x0fff0000 != 0 meta mark set ct mark and 0x0fff0000/,
+    );
   });
 
   it('MACVLAN exit: link on the uplink, address, its own table with the subnet and gateway, SNAT', () => {

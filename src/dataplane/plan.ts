@@ -15,7 +15,6 @@
  * packet mark, which a rule sends to tableOf(N), into the TUN.
  */
 import { formatIp, parseCidr } from '../domain/cidr.js';
-import type { Family, KernelState, LinkSpec, RouteSpec, RuleSpec } from './kernel/port.js';
 import {
   exitTableOf,
   MARK_MASK,
@@ -25,6 +24,7 @@ import {
   tableOf,
   tunName,
 } from './kernel/ownership.js';
+import type { Family, KernelState, LinkSpec, RouteSpec, RuleSpec } from './kernel/port.js';
 
 /** A service as the data plane needs it. */
 export interface PlanService {
@@ -148,7 +148,10 @@ export function plan(input: PlanInput): Plan {
     if (c.macvlan) {
       const service = byId.get(c.serviceId)!;
       if (!input.uplink) {
-        problems.set(c.serviceId, 'requires_interface: no --macvlan-parent and no default route to attach to');
+        problems.set(
+          c.serviceId,
+          'requires_interface: no --macvlan-parent and no default route to attach to',
+        );
       } else {
         links.push({ name: c.macvlan, kind: 'macvlan', parent: input.uplink.dev, mtu: 1500 });
         fromTunTable = exitTableOf(c.slot);
@@ -162,7 +165,13 @@ export function plan(input: PlanInput): Plan {
           const network = networkOf(cidr.text);
           routes.push({ family: cidr.family, table: fromTunTable, dst: network, dev: c.macvlan });
           if (gateway && contains(network, gateway)) {
-            routes.push({ family: cidr.family, table: fromTunTable, dst: 'default', dev: c.macvlan, via: gateway });
+            routes.push({
+              family: cidr.family,
+              table: fromTunTable,
+              dst: 'default',
+              dev: c.macvlan,
+              via: gateway,
+            });
           }
         }
       }
@@ -182,7 +191,9 @@ export function plan(input: PlanInput): Plan {
   }
 
   // Ingress selection: every route of every service this agent is the ingress of, in order.
-  const slotOfService = new Map(carried.filter((c) => c.role === 'ingress').map((c) => [c.serviceId, c.slot]));
+  const slotOfService = new Map(
+    carried.filter((c) => c.role === 'ingress').map((c) => [c.serviceId, c.slot]),
+  );
   const selecting = input.routes.filter((r) => slotOfService.has(r.serviceId)).sort(compareRoutes);
   const nextPref: Record<Family, number> = { 4: RULE_PREF.ROUTES_FIRST, 6: RULE_PREF.ROUTES_FIRST };
   for (const route of selecting) {
@@ -190,7 +201,10 @@ export function plan(input: PlanInput): Plan {
     for (const family of only === null ? FAMILIES : [only]) {
       const pref = nextPref[family]++;
       if (pref > RULE_PREF.LAST) {
-        problems.set(route.serviceId, `too many routes on this ingress (rule range ends at ${RULE_PREF.LAST})`);
+        problems.set(
+          route.serviceId,
+          `too many routes on this ingress (rule range ends at ${RULE_PREF.LAST})`,
+        );
         continue;
       }
       const rule: RuleSpec = { family, pref, table: tableOf(slotOfService.get(route.serviceId)!) };
@@ -205,10 +219,20 @@ export function plan(input: PlanInput): Plan {
   if (selecting.length > 0) {
     for (const ip of [...new Set(input.peerIps)].sort()) {
       const family: Family = ip.includes(':') ? 6 : 4;
-      rules.push({ family, pref: RULE_PREF.EXCLUDE, to: family === 4 ? `${ip}/32` : `${ip}/128`, table: 'main' });
+      rules.push({
+        family,
+        pref: RULE_PREF.EXCLUDE,
+        to: family === 4 ? `${ip}/32` : `${ip}/128`,
+        table: 'main',
+      });
     }
     for (const family of FAMILIES) {
-      rules.push({ family, pref: RULE_PREF.EXCLUDE, to: family === 4 ? '127.0.0.0/8' : '::1/128', table: 'main' });
+      rules.push({
+        family,
+        pref: RULE_PREF.EXCLUDE,
+        to: family === 4 ? '127.0.0.0/8' : '::1/128',
+        table: 'main',
+      });
       rules.push({ family, pref: RULE_PREF.EXCLUDE, ipproto: 'tcp', sport: input.apiPort, table: 'main' });
     }
   }
@@ -251,13 +275,16 @@ function nftRuleset(
       const addr4 = v4 ? v4.text.split('/')[0] : null;
       const addr6 = v6 ? v6.text.split('/')[0] : null;
       if (addr4) post.push(`iifname "${c.tun}" oifname "${c.macvlan}" meta nfproto ipv4 snat ip to ${addr4}`);
-      if (addr6) post.push(`iifname "${c.tun}" oifname "${c.macvlan}" meta nfproto ipv6 snat ip6 to ${addr6}`);
+      if (addr6)
+        post.push(`iifname "${c.tun}" oifname "${c.macvlan}" meta nfproto ipv6 snat ip6 to ${addr6}`);
     } else {
       post.push(`iifname "${c.tun}" oifname != "${c.tun}" masquerade`);
     }
   }
   if (exits.length > 0) {
-    pre.push(`ct direction reply ct mark and ${hex(MARK_MASK)} != 0 meta mark set ct mark and ${hex(MARK_MASK)}`);
+    pre.push(
+      `ct direction reply ct mark and ${hex(MARK_MASK)} != 0 meta mark set ct mark and ${hex(MARK_MASK)}`,
+    );
   }
   const refused = carried.filter((c) => unreachable.has(c.serviceId)).map((c) => `"${c.tun}"`);
   const refuse =

@@ -12,7 +12,7 @@ const CAP_NET_ADMIN = 12;
 /** Whether this process holds CAP_NET_ADMIN in its effective set. */
 export function hasNetAdmin(status: string = readFileSync('/proc/self/status', 'utf8')): boolean {
   const m = /^CapEff:\s*([0-9a-f]+)$/m.exec(status);
-  return m ? (BigInt(`0x${m[1]}`) >> BigInt(CAP_NET_ADMIN)) & 1n ? true : false : false;
+  return m ? ((BigInt(`0x${m[1]}`) >> BigInt(CAP_NET_ADMIN)) & 1n ? true : false) : false;
 }
 
 function runs(command: string, args: string[]): Promise<boolean> {
@@ -36,13 +36,20 @@ export async function missingRequirements(): Promise<string[]> {
 }
 
 /** Sysctl values that stop carried traffic, as reasons (read through the kernel port). */
-export function forwardingProblems(values: { ipv4Forward: string | null; ipv6Forward: string | null }): string[] {
+export function forwardingProblems(values: {
+  ipv4Forward: string | null;
+  ipv6Forward: string | null;
+}): string[] {
   const out: string[] = [];
   if (values.ipv4Forward !== null && values.ipv4Forward.trim() !== '1') {
-    out.push('net.ipv4.ip_forward is 0: forwarded IPv4 traffic cannot enter or leave a tunnel (sysctl -w net.ipv4.ip_forward=1)');
+    out.push(
+      'net.ipv4.ip_forward is 0: forwarded IPv4 traffic cannot enter or leave a tunnel (sysctl -w net.ipv4.ip_forward=1)',
+    );
   }
   if (values.ipv6Forward !== null && values.ipv6Forward.trim() !== '1') {
-    out.push('net.ipv6.conf.all.forwarding is 0: forwarded IPv6 traffic cannot enter or leave a tunnel (sysctl -w net.ipv6.conf.all.forwarding=1)');
+    out.push(
+      'net.ipv6.conf.all.forwarding is 0: forwarded IPv6 traffic cannot enter or leave a tunnel (sysctl -w net.ipv6.conf.all.forwarding=1)',
+    );
   }
   return out;
 }

@@ -58,7 +58,8 @@ async function sh(command: string, args: string[], timeoutMs = 10_000): Promise<
 
 /** Fails with the reason when this process cannot build namespaces (not root, no tools). */
 export async function requireNetnsSupport(): Promise<void> {
-  if (process.getuid?.() !== 0) throw new Error('data-plane tests need root (network namespaces, TUN, nftables)');
+  if (process.getuid?.() !== 0)
+    throw new Error('data-plane tests need root (network namespaces, TUN, nftables)');
   await sh('ip', ['-V']);
   await sh('nft', ['--version']).catch(() => {
     throw new Error('data-plane tests need nftables (apt-get install nftables)');
@@ -69,7 +70,11 @@ export async function requireNetnsSupport(): Promise<void> {
  * Builds the topology. `index` (1..250) keeps the management subnets of test files that run at
  * the same time apart (they are the only addresses in the test's own namespace).
  */
-export async function topologyUp(prefix: string, index: number, opts: { secondExit?: boolean } = {}): Promise<Topology> {
+export async function topologyUp(
+  prefix: string,
+  index: number,
+  opts: { secondExit?: boolean } = {},
+): Promise<Topology> {
   await requireNetnsSupport();
   const ns = {
     client: `${prefix}-client`,
@@ -143,7 +148,15 @@ export async function topologyUp(prefix: string, index: number, opts: { secondEx
       await sh('ip', ['-n', ns.exit2, '-6', 'route', 'add', 'fd91:2::/64', 'via', IP.dest26]);
     }
     for (const n of [ns.ingress, ns.exit, ...(ns.exit2 ? [ns.exit2] : [])]) {
-      await sh('ip', ['netns', 'exec', n, 'sysctl', '-qw', 'net.ipv4.ip_forward=1', 'net.ipv6.conf.all.forwarding=1']);
+      await sh('ip', [
+        'netns',
+        'exec',
+        n,
+        'sysctl',
+        '-qw',
+        'net.ipv4.ip_forward=1',
+        'net.ipv6.conf.all.forwarding=1',
+      ]);
     }
     // Management links: test namespace <-> each agent namespace.
     const agentNs: ['ingress' | 'exit' | 'exit2', string | null][] = [

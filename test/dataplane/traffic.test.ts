@@ -1,0 +1,438 @@
+/**
+ * Real traffic through real agents in network namespaces (test/helpers/netns-topology.ts): an
+ * ingress agent, an exit agent and a second exit, each in its own namespace with its data plane
+ * on, joined into one cluster over the underlay. The destination's own server tells which source
+ * address it saw. Kernel state is read with `ip -j` and `nft -j` inside the namespaces.
+ *
+ * The cases share the cluster and run in order: services are created, changed and deleted along
+ * the way, and the agents are restarted and killed near the end.
+ */
+import assert from 'node:assert/strict';
+import type { ChildProcess } from 'node:child_process';
+import { after, before, describe, it } from 'node:test';
+import { fileURLToPath } from 'node:url';
+import { AgentProcess } from '../helpers/agent-process.js';
+import { eventually } from '../helpers/cluster.js';
+
+/** Retries fn until it stops throwing, for at most ms. */
+const until = (what: string, fn: () => Promise<void>, ms: number) =>
+  eventually(
+    what,
+    async () => {
+      await fn();
+      return true;
+    },
+    ms,
+  );
+
+import { makeVendor } from '../helpers/licenses.js';
+import { MARKER, streamSha256 } from '../helpers/netns-apps.js';
+import { IP, spawnIn, type Topology, topologyUp } from '../helpers/netns-topology.js';
+import { bootstrapNode, type Node } from '../helpers/nodes.js';
+
+const APPS = fileURLToPath(new URL('../helpers/netns-apps.js', import.meta.url));
+const PORT = 7480;
+const HTTP = 8080;
+const UDP = 9090;
+
+describe('data plane: traffic through a tcp service', { timeout: 600_000 }, () => {
+  let topo: Topology;
+  let ingress: Node;
+  let exit: Node;
+  let exit2: Node;
+  let destServer: ChildProcess;
+  let destLog = '';
+  const baseline: Record<string, string> = {};
+
+  async function startAgent(role: 'ingress' | 'exit' | 'exit2', advertise: string, parent?: string) {
+    const ns = topo.ns[role]!;
+    return AgentProcess.start({
+      vendor,
+      netns: ns,
+      port: PORT,
+      listen: `0.0.0.0:${PORT}`,
+      apiHost: topo.mgmt[role],
+      extraArgs: [
+        '--advertise',
+        `${advertise}:${PORT}`,
+        '--dataplane',
+        'on',
+        '--gossip-interval-ms',
+        '200',
+        ...(parent ? ['--macvlan-parent', parent] : []),
+      ],
+    });
+  }
+  const vendor = makeVendor();
+
+  /** Kernel state of a namespace that the agent may touch, without counters, handles and link flags. */
+  async function kernelDump(ns: string): Promise<string> {
+    const parts = await Promise.all([
+      topo.run(ns, 'ip', ['-j', 'addr', 'show']),
+      topo.run(ns, 'ip', ['-j', '-4', 'rule', 'show']),
+      topo.run(ns, 'ip', ['-j', '-6', 'rule', 'show']),
+      topo.run(ns, 'ip', ['-j', '-4', 'route', 'show', 'table', 'all']),
+      topo.run(ns, 'ip', ['-j', '-6', 'route', 'show', 'table', 'all']),
+      topo.run(ns, 'nft', ['-j', 'list', 'ruleset']),
+    ]);
+    const ignored = new Set([
+      'handle',
+      'packets',
+      'bytes',
+      'stats64',
+      'stats',
+      'flags',
+      'operstate',
+      'linkmode',
+      'valid_life_time',
+      'preferred_life_time',
+    ]);
+    const strip = (v: unknown): unknown =>
+      Array.isArray(v)
+        ? v.map(strip)
+        : v && typeof v === 'object'
+          ? Object.fromEntries(
+              Object.entries(v)
+                .filter(([k]) => !ignored.has(k))
+                .map(([k, x]) => [k, strip(x)]),
+            )
+          : v;
+    return parts.map((p) => JSON.stringify(strip(JSON.parse(p || '[]')), null, 1)).join('\n');
+  }
+
+  const curl = (url: string, extra: string[] = []) =>
+    topo.run(topo.ns.client, 'curl', ['-sS', '--max-time', '5', ...extra, url], 15_000);
+
+  async function remoteSeen(host: string): Promise<string> {
+    const url = host.includes(':') ? `http://[${host}]:${HTTP}/` : `http://${host}:${HTTP}/`;
+    return (JSON.parse(await curl(url)) as { remote: string }).remote;
+  }
+
+  async function service(node: Node, body: Record<string, unknown>, routes: Record<string, unknown>[]) {
+    const res = await node.agent.client.post('/v1/services', { token: node.token, json: body });
+    assert.equal(res.status, 201, res.text);
+    const id = res.body.id as string;
+    const r = await node.agent.client.post(`/v1/services/${id}/routes`, {
+      token: node.token,
+      json: { routes },
+    });
+    assert.equal(r.status, 201, r.text);
+    return id;
+  }
+
+  async function dataplaneOf(node: Node, id: string) {
+    const res = await node.agent.client.get(`/v1/services/${id}`, { token: node.token });
+    assert.equal(res.status, 200, res.text);
+    return res.body.dataplane as Record<string, unknown>;
+  }
+
+  async function waitUp(id: string, ...nodes: Node[]) {
+    try {
+      await until(
+        `service ${id} up`,
+        async () => {
+          for (const n of nodes)
+            assert.equal((await dataplaneOf(n, id)).state, 'up', `service ${id} on ${n.peerId}`);
+        },
+        20_000,
+      );
+    } catch (err) {
+      const logs = nodes.map((n) => `--- ${n.peerId}\n${n.agent.logs.split('\n').slice(-25).join('\n')}`);
+      throw new Error(`${(err as Error).message}\n${logs.join('\n')}`);
+    }
+  }
+
+  async function remove(node: Node, id: string) {
+    const res = await node.agent.client.delete(`/v1/services/${id}`, { token: node.token });
+    assert.equal(res.status, 200, res.text);
+  }
+
+  before(async () => {
+    topo = await topologyUp('mdpt', 41, { secondExit: true });
+    destServer = spawnIn(topo.ns.dest, process.execPath, [APPS, 'serve', String(HTTP), String(UDP)]);
+    destServer.stdout!.on('data', (c: Buffer) => {
+      destLog += c.toString();
+    });
+    const license = { max_nodes: 5, max_services: 20 };
+    ingress = await bootstrapNode(await startAgent('ingress', IP.ingressUl), vendor, license);
+    exit = await bootstrapNode(await startAgent('exit', IP.exitUl, 'e0'), vendor, license);
+    exit2 = await bootstrapNode(await startAgent('exit2', IP.exit2Ul, 'f0'), vendor, license);
+    for (const [other, address] of [
+      [exit, IP.exitUl],
+      [exit2, IP.exit2Ul],
+    ] as const) {
+      const res = await ingress.agent.client.post('/v1/peers', {
+        token: ingress.token,
+        json: { address: `${address}:${PORT}` },
+      });
+      assert.equal(res.status, 201, res.text);
+      void other;
+    }
+    await until('the destination server', async () => assert.match(destLog, /listening/), 10_000);
+  });
+
+  after(async () => {
+    await Promise.all([ingress, exit, exit2].filter(Boolean).map((n) => n.agent.stop()));
+    destServer?.kill('SIGKILL');
+    await topo?.down();
+  });
+
+  it('carries nothing before a service exists: the client cannot reach the destination', async () => {
+    // The baseline the kernel must return to: taken with the agents running and links settled.
+    for (const ns of [topo.ns.ingress, topo.ns.exit, topo.ns.exit2!]) baseline[ns] = await kernelDump(ns);
+    await assert.rejects(curl(`http://${IP.dest}:${HTTP}/`, ['--max-time', '2']));
+    await assert.rejects(topo.run(topo.ns.client, 'ping', ['-c', '1', '-W', '1', IP.dest]));
+  });
+
+  let nat: string;
+  it('carries HTTP, ping and UDP over IPv4 and IPv6; the destination sees the exit (NAT)', async () => {
+    nat = await service(ingress, { target_peer_id: exit.peerId }, [
+      { priority: 100, dest_cidr: '10.91.2.0/24' },
+      { priority: 100, dest_cidr: 'fd91:2::/64' },
+    ]);
+    await waitUp(nat, ingress, exit);
+    assert.equal(await remoteSeen(IP.dest), IP.exitOut);
+    assert.equal(await remoteSeen(IP.dest6), IP.exitOut6);
+    await topo.run(topo.ns.client, 'ping', ['-c', '3', '-i', '0.2', '-W', '2', IP.dest]);
+    await topo.run(topo.ns.client, 'ping', ['-6', '-c', '3', '-i', '0.2', '-W', '2', IP.dest6]);
+    assert.equal(
+      await topo.run(topo.ns.client, process.execPath, [APPS, 'udp', IP.dest, String(UDP), 'hello-udp']),
+      'hello-udp',
+    );
+    assert.equal(
+      await topo.run(topo.ns.client, process.execPath, [APPS, 'udp', IP.dest6, String(UDP), 'hello-udp6']),
+      'hello-udp6',
+    );
+    const status = await dataplaneOf(exit, nat);
+    assert.equal(status.role, 'exit');
+    assert.equal(status.exit_mode, 'nat');
+  });
+
+  it('moves 100 MB intact (SHA-256); the underlay shows only the two agents and no payload', async () => {
+    const n = 100 * 1024 * 1024;
+    const before = await dataplaneOf(ingress, nat);
+    const capture = spawnIn(topo.ns.ingress, 'tcpdump', [
+      '-i',
+      'i1',
+      '-n',
+      '-l',
+      '-A',
+      '-s',
+      '256',
+      '-c',
+      '20000',
+      'ip or ip6',
+    ]);
+    let captured = '';
+    capture.stdout!.on('data', (c: Buffer) => {
+      captured += c.toString('latin1');
+    });
+    await new Promise((r) => setTimeout(r, 500));
+    const out = await topo.run(
+      topo.ns.client,
+      'sh',
+      ['-c', `curl -sS --max-time 120 http://${IP.dest}:${HTTP}/bytes?n=${n} | sha256sum`],
+      130_000,
+    );
+    capture.kill('SIGINT');
+    await new Promise((r) => setTimeout(r, 300));
+    assert.equal(out.split(' ')[0], streamSha256(n));
+    const lines = captured.split('\n').filter((l) => / IP6? /.test(l));
+    assert.ok(lines.length > 100, `the capture saw the transfer (${lines.length} packets)`);
+    for (const l of lines) {
+      const m = / IP6? (\S+?)(?:\.\d+)? > (\S+?)(?:\.\d+)?: /.exec(l);
+      if (!m) continue;
+      for (const addr of [m[1], m[2]]) {
+        assert.ok(
+          // Gossip between the two exits crosses the ingress's underlay too.
+          [IP.ingressUl, IP.exitUl, IP.exit2Ul, IP.ingressUl2, 'fd91::1', 'fd91::2'].includes(addr!),
+          `only the agents' underlay addresses on the underlay, saw ${addr} in: ${l}`,
+        );
+      }
+    }
+    assert.ok(!captured.includes(MARKER), 'no payload marker in clear on the underlay');
+    const afterStatus = await dataplaneOf(ingress, nat);
+    assert.ok(
+      (afterStatus.bytes_received as number) - (before.bytes_received as number) >= n,
+      `ingress counted at least the payload from the tunnel: ${JSON.stringify(afterStatus)}`,
+    );
+  });
+
+  it('serves 50 concurrent connections', async () => {
+    const out = await topo.run(
+      topo.ns.client,
+      process.execPath,
+      [APPS, 'burst', `http://${IP.dest}:${HTTP}/`, '50'],
+      30_000,
+    );
+    assert.deepEqual(JSON.parse(out), Array(50).fill(200));
+  });
+
+  it('honours priority and tie-breaks between two services; unmatched traffic stays out', async () => {
+    // A second service to exit2 with a route that wins for one destination host only.
+    const second = await service(ingress, { target_peer_id: exit2.peerId }, [
+      { priority: 100, dest_cidr: '10.91.2.2/32' },
+    ]);
+    try {
+      await waitUp(second, ingress, exit2);
+      // Same priority, longer destination prefix: exit2 (its NAT address on the dest side).
+      assert.equal(await remoteSeen(IP.dest), IP.exit2Out);
+      // A source CIDR that does not match the client: the route is not taken.
+      const r = await ingress.agent.client.post(`/v1/services/${nat}/routes`, {
+        token: ingress.token,
+        json: { routes: [{ priority: 1, source_cidr: '10.91.1.99/32', dest_cidr: '10.91.2.0/24' }] },
+      });
+      assert.equal(r.status, 201, r.text);
+      await ingress.agent.client.post('/v1/cluster/sync', { token: ingress.token });
+      assert.equal(await remoteSeen(IP.dest), IP.exit2Out);
+      // Lower priority number wins over the longer prefix: the client's own /32 source via exit.
+      const r2 = await ingress.agent.client.post(`/v1/services/${nat}/routes`, {
+        token: ingress.token,
+        json: { routes: [{ priority: 1, source_cidr: `${IP.client}/32`, dest_cidr: '10.91.2.0/24' }] },
+      });
+      assert.equal(r2.status, 201, r2.text);
+      await ingress.agent.client.post('/v1/cluster/sync', { token: ingress.token });
+      assert.equal(await remoteSeen(IP.dest), IP.exitOut);
+      // Unmatched traffic does not enter any tunnel.
+      const sent = (await dataplaneOf(ingress, nat)).packets_sent as number;
+      await assert.rejects(curl('http://10.91.5.5:8080/', ['--max-time', '1']));
+      assert.equal((await dataplaneOf(ingress, nat)).packets_sent, sent);
+    } finally {
+      await remove(ingress, second);
+    }
+  });
+
+  it('with requires_interface the destination sees the MACVLAN address, IPv4 and IPv6', async () => {
+    const mv = await service(
+      ingress,
+      {
+        target_peer_id: exit2.peerId,
+        requires_interface: true,
+        desired_ipv4_cidr: '10.91.4.50/24',
+        desired_ipv6_cidr: 'fd91:4::50/64',
+      },
+      [
+        { priority: 0, dest_cidr: '10.91.4.0/24' },
+        { priority: 0, dest_cidr: 'fd91:4::/64' },
+      ],
+    );
+    try {
+      await waitUp(mv, ingress, exit2);
+      assert.equal((await dataplaneOf(exit2, mv)).exit_mode, 'macvlan');
+      assert.equal(await remoteSeen(IP.dest2), '10.91.4.50');
+      assert.equal(await remoteSeen(IP.dest26), 'fd91:4::50');
+    } finally {
+      await remove(ingress, mv);
+    }
+  });
+
+  it('a catch-all route keeps gossip, the tunnel and the API working', async () => {
+    const r = await ingress.agent.client.post(`/v1/services/${nat}/routes`, {
+      token: ingress.token,
+      json: {
+        routes: [
+          { priority: 65535, dest_cidr: '0.0.0.0/0' },
+          { priority: 65535, dest_cidr: '::/0' },
+        ],
+      },
+    });
+    assert.equal(r.status, 201, r.text);
+    await ingress.agent.client.post('/v1/cluster/sync', { token: ingress.token });
+    await new Promise((res) => setTimeout(res, 3000));
+    const peers = await ingress.agent.client.get('/v1/peers', { token: ingress.token });
+    assert.equal(peers.status, 200);
+    for (const p of peers.body as { id: string; reachable: boolean }[]) assert.equal(p.reachable, true, p.id);
+    assert.equal((await dataplaneOf(ingress, nat)).state, 'up');
+    assert.equal(await remoteSeen(IP.dest), IP.exitOut);
+  });
+
+  it('deleting the service stops its traffic and leaves kernel state as it was', async () => {
+    await remove(ingress, nat);
+    await ingress.agent.client.post('/v1/cluster/sync', { token: ingress.token });
+    try {
+      await until(
+        'kernel state back to the baseline',
+        async () => {
+          for (const ns of [topo.ns.ingress, topo.ns.exit, topo.ns.exit2!]) {
+            assert.equal(await kernelDump(ns), baseline[ns], `kernel state of ${ns}`);
+          }
+        },
+        15_000,
+      );
+    } catch (err) {
+      const tail = (n: Node) =>
+        n.agent.logs
+          .split('\n')
+          .filter((l) => l.includes('dataplane') || l.includes('error'))
+          .slice(-12)
+          .join('\n');
+      throw new Error(
+        `${(err as Error).message.slice(0, 300)}\nexit:\n${tail(exit)}\ningress:\n${tail(ingress)}`,
+      );
+    }
+    await assert.rejects(curl(`http://${IP.dest}:${HTTP}/`, ['--max-time', '2']));
+  });
+
+  it('SIGTERM leaves nothing; a restart restores traffic; kill -9 then start cleans up and restores it', async () => {
+    const id = await service(ingress, { target_peer_id: exit.peerId }, [
+      { priority: 10, dest_cidr: '10.91.2.0/24' },
+    ]);
+    await waitUp(id, ingress, exit);
+    assert.equal(await remoteSeen(IP.dest), IP.exitOut);
+    assert.equal(await ingress.agent.stop(), 0);
+    assert.equal(await kernelDump(topo.ns.ingress), baseline[topo.ns.ingress]);
+    await ingress.agent.restart();
+    await waitUp(id, ingress, exit);
+    assert.equal(await remoteSeen(IP.dest), IP.exitOut);
+    await ingress.agent.kill9();
+    assert.notEqual(
+      await kernelDump(topo.ns.ingress),
+      baseline[topo.ns.ingress],
+      'a killed agent leaves rules behind',
+    );
+    await ingress.agent.restart();
+    await waitUp(id, ingress, exit);
+    assert.equal(await remoteSeen(IP.dest), IP.exitOut);
+    await remove(ingress, id);
+  });
+  // Known failure, kept visible: the ingress notices the dead exit within seconds and refuses new
+  // packets, but a client that is only receiving sends none, so it waits for its own timeout. It
+  // needs the ingress to reset the carried TCP flows itself (tracked per flow) when a tunnel dies.
+  it('the client sees an error (never a hang) when the exit dies mid-transfer; traffic resumes after it returns', {
+    todo: 'a receiving client is not reset yet when its tunnel dies',
+  }, async () => {
+    const id = await service(ingress, { target_peer_id: exit.peerId }, [
+      { priority: 10, dest_cidr: '10.91.2.0/24' },
+    ]);
+    await waitUp(id, ingress, exit);
+    const started = Date.now();
+    const transfer = topo
+      .run(
+        topo.ns.client,
+        'curl',
+        ['-sS', '-o', '/dev/null', '--max-time', '60', `http://${IP.dest}:${HTTP}/bytes?n=${4 * 1024 ** 3}`],
+        70_000,
+      )
+      .then(
+        () => 'completed',
+        (err: Error) => err.message,
+      );
+    await new Promise((r) => setTimeout(r, 1500));
+    await exit.agent.kill9();
+    const outcome = await transfer;
+    // Back before anything is asserted, so that the later cases have their exit whatever happens here.
+    await exit.agent.restart();
+    assert.notEqual(outcome, 'completed');
+    const diagnostics = async () =>
+      `${outcome}\n${await topo.run(topo.ns.ingress, 'nft', ['list', 'table', 'inet', 'mesh_agent']).catch((e: Error) => e.message)}\n` +
+      ingress.agent.logs.split('\n').slice(-15).join('\n');
+    const back = Date.now();
+    assert.ok(back - started < 20_000, `the client failed within 15 s of the kill: ${await diagnostics()}`);
+    await until(
+      'traffic through the returned exit',
+      async () => assert.equal(await remoteSeen(IP.dest), IP.exitOut),
+      15_000,
+    );
+    assert.ok(Date.now() - back < 10_000, 'traffic resumed within 10 s of the exit returning');
+  });
+});
