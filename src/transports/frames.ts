@@ -65,8 +65,13 @@ export interface FrameSink {
  * copied at most once whatever the chunk boundaries.
  */
 export class FrameDecoder {
-  /** Chunks holding the start of an incomplete frame; `offset` bytes of the first are consumed. */
+  /**
+   * Chunks holding the start of an incomplete frame: pending[first] is the oldest still in use,
+   * `offset` bytes of it consumed. An index rather than shift(), which would make a frame that
+   * arrives in many small chunks quadratic.
+   */
   private pending: Buffer[] = [];
+  private first = 0;
   private offset = 0;
   private buffered = 0;
   private failed: string | undefined;
@@ -88,19 +93,23 @@ export class FrameDecoder {
       const error = check(header >>> 24, length);
       if (error) return this.fail(error);
       if (this.buffered < FRAME_HEADER_BYTES + length) return undefined;
-      this.skip(FRAME_HEADER_BYTES);
+      this.take(FRAME_HEADER_BYTES);
       const payload = this.take(length);
       this.sink.frame(header >>> 24, payload);
       if (this.failed !== undefined) return this.failed;
-      if (this.pending.length === 1) {
-        // Back to the single-buffer path for whatever follows in the last chunk.
-        const rest = this.pending[0]!.subarray(this.offset);
-        this.reset();
-        return rest.length > 0 ? this.parse(rest) : undefined;
-      }
       if (this.buffered === 0) {
         this.reset();
         return undefined;
+      }
+      if (this.pending.length - this.first === 1) {
+        // Back to the single-buffer path for whatever follows in the last chunk.
+        const rest = this.pending[this.first]!.subarray(this.offset);
+        this.reset();
+        return this.parse(rest);
+      }
+      if (this.first > 1024) {
+        this.pending = this.pending.slice(this.first);
+        this.first = 0;
       }
     }
   }
@@ -122,6 +131,7 @@ export class FrameDecoder {
     }
     if (at < buf.length) {
       this.pending = [buf.subarray(at)];
+      this.first = 0;
       this.offset = 0;
       this.buffered = buf.length - at;
     }
@@ -141,15 +151,16 @@ export class FrameDecoder {
 
   private reset(): void {
     this.pending = [];
+    this.first = 0;
     this.offset = 0;
     this.buffered = 0;
   }
 
   private peekHeader(): number {
-    const first = this.pending[0]!;
-    if (first.length - this.offset >= FRAME_HEADER_BYTES) return first.readUInt32BE(this.offset);
+    const head = this.pending[this.first]!;
+    if (head.length - this.offset >= FRAME_HEADER_BYTES) return head.readUInt32BE(this.offset);
     let filled = 0;
-    let index = 0;
+    let index = this.first;
     let from = this.offset;
     while (filled < FRAME_HEADER_BYTES) {
       const chunk = this.pending[index++]!;
@@ -164,36 +175,33 @@ export class FrameDecoder {
     return this.scratch.readUInt32BE(0);
   }
 
-  private skip(n: number): void {
-    this.take(n);
-  }
-
-  /** Removes n buffered bytes: a view if they sit in one chunk, else one copy. */
+  /** Removes n buffered bytes (n <= buffered): a view if they sit in one chunk, else one copy. */
   private take(n: number): Buffer {
     this.buffered -= n;
-    const first = this.pending[0]!;
-    if (first.length - this.offset >= n) {
-      const out = first.subarray(this.offset, this.offset + n);
-      this.offset += n;
-      if (this.offset === first.length && this.pending.length > 1) {
-        this.pending.shift();
-        this.offset = 0;
-      }
+    const head = this.pending[this.first]!;
+    if (head.length - this.offset >= n) {
+      const out = head.subarray(this.offset, this.offset + n);
+      this.advance(head, n);
       return out;
     }
     const out = Buffer.allocUnsafe(n);
     let filled = 0;
     while (filled < n) {
-      const chunk = this.pending[0]!;
+      const chunk = this.pending[this.first]!;
       const copied = chunk.copy(out, filled, this.offset, Math.min(chunk.length, this.offset + n - filled));
       filled += copied;
-      this.offset += copied;
-      if (this.offset === chunk.length && this.pending.length > 1) {
-        this.pending.shift();
-        this.offset = 0;
-      }
+      this.advance(chunk, copied);
     }
     return out;
+  }
+
+  /** Consumes n bytes of the oldest chunk, moving to the next one when it is used up. */
+  private advance(chunk: Buffer, n: number): void {
+    this.offset += n;
+    if (this.offset === chunk.length && this.first < this.pending.length - 1) {
+      this.first++;
+      this.offset = 0;
+    }
   }
 }
 

@@ -1,0 +1,141 @@
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import fc from 'fast-check';
+import {
+  ACCEPT_FRAME,
+  encodeControlFrame,
+  encodeDataFrames,
+  FRAME_ACCEPT,
+  FRAME_DATA,
+  FRAME_PING,
+  FRAME_PONG,
+  FrameDecoder,
+} from './frames.js';
+
+interface Frame {
+  type: number;
+  payload: Buffer;
+}
+
+function decoderInto(frames: Frame[]): FrameDecoder {
+  return new FrameDecoder({ frame: (type, payload) => frames.push({ type, payload }) });
+}
+
+/** Cuts a buffer at the given offsets (sorted, deduplicated, within bounds). */
+function cut(stream: Buffer, at: number[]): Buffer[] {
+  const points = [...new Set(at.map((n) => n % (stream.length + 1)))].sort((a, b) => a - b);
+  const out: Buffer[] = [];
+  let from = 0;
+  for (const p of points) {
+    out.push(stream.subarray(from, p));
+    from = p;
+  }
+  out.push(stream.subarray(from));
+  return out;
+}
+
+describe('frames', () => {
+  it('encodes DATA frames as type, 24-bit length, payload, back to back', () => {
+    const out = encodeDataFrames([Buffer.from('ab'), Buffer.alloc(0), Buffer.alloc(65_536, 9)]);
+    assert.deepEqual([...out.subarray(0, 6)], [FRAME_DATA, 0, 0, 2, 0x61, 0x62]);
+    assert.deepEqual([...out.subarray(6, 10)], [FRAME_DATA, 0, 0, 0]);
+    assert.deepEqual([...out.subarray(10, 14)], [FRAME_DATA, 0x01, 0x00, 0x00]);
+    assert.equal(out.length, 14 + 65_536);
+    const ping = encodeControlFrame(FRAME_PING, Buffer.from('12345678'));
+    assert.deepEqual([...ping.subarray(0, 4)], [FRAME_PING, 0, 0, 8]);
+    assert.equal(ping.subarray(4).toString(), '12345678');
+    assert.deepEqual([...ACCEPT_FRAME], [FRAME_ACCEPT, 0, 0, 0]);
+  });
+
+  it('decodes any stream of valid frames, however it is cut into chunks', () => {
+    const message = fc.uint8Array({ minLength: 0, maxLength: 3000 }).map((a) => Buffer.from(a));
+    fc.assert(
+      fc.property(
+        fc.array(message, { maxLength: 40 }),
+        fc.array(fc.nat(), { maxLength: 30 }),
+        (messages, cuts) => {
+          const stream = Buffer.concat([
+            ACCEPT_FRAME,
+            encodeDataFrames(messages),
+            encodeControlFrame(FRAME_PONG, Buffer.from('abcdefgh')),
+          ]);
+          const frames: Frame[] = [];
+          const decoder = decoderInto(frames);
+          for (const chunk of cut(stream, cuts)) assert.equal(decoder.push(chunk), undefined);
+          assert.equal(frames.length, messages.length + 2);
+          assert.equal(frames[0]!.type, FRAME_ACCEPT);
+          for (let i = 0; i < messages.length; i++) {
+            assert.equal(frames[i + 1]!.type, FRAME_DATA);
+            assert.ok(frames[i + 1]!.payload.equals(messages[i]!));
+          }
+          assert.equal(frames.at(-1)!.type, FRAME_PONG);
+          assert.equal(frames.at(-1)!.payload.toString(), 'abcdefgh');
+        },
+      ),
+      { numRuns: 300 },
+    );
+  });
+
+  it('hands over a frame inside one chunk as a view of it, without copying', () => {
+    const chunk = encodeDataFrames([Buffer.from('one'), Buffer.from('two')]);
+    const frames: Frame[] = [];
+    decoderInto(frames).push(chunk);
+    assert.equal(frames.length, 2);
+    for (const f of frames) assert.equal(f.payload.buffer, chunk.buffer);
+  });
+
+  it('is linear in the stream, even fed one byte at a time', () => {
+    // 64 frames of 64 KiB, 4 MiB fed byte by byte: quadratic copying would take minutes.
+    const stream = encodeDataFrames(Array.from({ length: 64 }, (_, i) => Buffer.alloc(65_536, i)));
+    let frames = 0;
+    let bytes = 0;
+    const decoder = new FrameDecoder({
+      frame: (_type, payload) => {
+        frames++;
+        bytes += payload.length;
+      },
+    });
+    const start = performance.now();
+    for (let i = 0; i < stream.length; i++) decoder.push(stream.subarray(i, i + 1));
+    const ms = performance.now() - start;
+    assert.equal(frames, 64);
+    assert.equal(bytes, 64 * 65_536);
+    // Linear: about a second here; the quadratic version this guards against took over 20 s.
+    assert.ok(ms < 8000, `took ${ms.toFixed(0)} ms`);
+  });
+
+  it('refuses unknown types, oversized DATA, wrong-sized control frames, and stays failed', () => {
+    const cases: [string, Buffer][] = [
+      ['unknown frame type 9', Buffer.from([9, 0, 0, 0])],
+      ['unknown frame type 0', Buffer.from([0, 0, 0, 0])],
+      ['DATA frame of 65537 bytes', Buffer.from([FRAME_DATA, 0x01, 0x00, 0x01])],
+      ['control frame of 7 bytes', Buffer.from([FRAME_PING, 0, 0, 7])],
+      ['control frame of 0 bytes', Buffer.from([FRAME_PONG, 0, 0, 0])],
+      ['ACCEPT frame of 1 bytes', Buffer.from([FRAME_ACCEPT, 0, 0, 1])],
+    ];
+    for (const [error, header] of cases) {
+      const frames: Frame[] = [];
+      const decoder = decoderInto(frames);
+      // Also when the bad header arrives split, after a good frame.
+      assert.equal(
+        decoder.push(Buffer.concat([encodeDataFrames([Buffer.from('ok')]), header.subarray(0, 2)])),
+        undefined,
+      );
+      assert.equal(decoder.push(header.subarray(2)), error);
+      assert.equal(decoder.push(encodeDataFrames([Buffer.from('later')])), error);
+      assert.equal(frames.length, 1);
+    }
+  });
+
+  it('stops delivering at once when told to stop from inside a frame callback', () => {
+    const frames: Frame[] = [];
+    const decoder: FrameDecoder = new FrameDecoder({
+      frame: (type, payload) => {
+        frames.push({ type, payload });
+        decoder.stop('closed');
+      },
+    });
+    assert.equal(decoder.push(encodeDataFrames([Buffer.from('a'), Buffer.from('b')])), 'closed');
+    assert.equal(frames.length, 1);
+  });
+});
