@@ -282,7 +282,8 @@ export const ServiceDataPlane = Type.Object(
 export const ServiceSingle = Type.Object({
   ...serviceCommon,
   routes: Type.Array(ServiceRouteItem),
-  dataplane: ServiceDataPlane,
+  /** Present only on an agent that runs a data plane (`--dataplane`). */
+  dataplane: Type.Optional(ServiceDataPlane),
 });
 
 export const ServiceCreated = Type.Object({

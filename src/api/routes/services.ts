@@ -123,10 +123,11 @@ export function registerServiceRoutes(app: FastifyInstance, deps: AppDeps): void
     },
     async (request) => {
       const { service, routes } = services.get((request.params as { id: string }).id);
-      return {
-        ...serviceSingleView(service, routes, isActive(service, new Set(store.activePeerIds()))),
-        dataplane: dataplaneView(deps.dataplaneStatus?.(service.id)),
-      };
+      const single = serviceSingleView(service, routes, isActive(service, new Set(store.activePeerIds())));
+      // The extra field exists only where a data plane runs (an agent with --dataplane off has none).
+      return deps.dataplaneStatus
+        ? { ...single, dataplane: dataplaneView(deps.dataplaneStatus(service.id)) }
+        : single;
     },
   );
 
