@@ -24,7 +24,7 @@ export interface MemoryTransportOptions {
   deadAfterMs?: number;
   /** Redial delays. Default 10 ms to 200 ms, 20 % jitter (fast, for unit tests). */
   backoff?: BackoffOptions;
-  /** send() returns false above this many bytes not yet delivered. Default 4 MiB. */
+  /** send() returns false above this many bytes not yet delivered. Default 256 KiB, as tcp. */
   highWaterMark?: number;
   logger?: TransportLogger;
   random?: () => number;
@@ -102,7 +102,7 @@ export class MemoryTransport extends TunnelKeeper {
     super({ ...options, backoff: options.backoff ?? { minMs: 10, maxMs: 200 } });
     this.publicKey = options.publicKey ?? memoryPublicKey(options.localPeerId);
     this.deadAfterMs = options.deadAfterMs ?? 0;
-    this.highWaterMark = options.highWaterMark ?? 4 * 1024 * 1024;
+    this.highWaterMark = options.highWaterMark ?? 256 * 1024;
   }
 
   protected async connect(peerId: string, signal: AbortSignal): Promise<Link> {

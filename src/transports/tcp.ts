@@ -59,7 +59,12 @@ export interface TcpTransportOptions {
   deadAfterMs?: number;
   /** Redial delays. Default 250 ms to 10 s, 20 % jitter. */
   backoff?: BackoffOptions;
-  /** send() returns false above this many bytes waiting. Default 4 MiB, at least 64 KiB. */
+  /**
+   * send() returns false above this many bytes waiting in the process (at least 64 KiB). Default
+   * 256 KiB: the kernel's socket buffer holds what is in flight on the wire, so a larger queue here
+   * only delays every tunneled packet behind it (4 MiB at 100 Mbit/s is a third of a second) and,
+   * measured on loopback, costs throughput and CPU (bench/transports/tcp-throughput.ts).
+   */
   highWaterMark?: number;
   /** Whole dial: TCP connect, upgrade, TLS handshake. Default 10000. */
   dialTimeoutMs?: number;
@@ -106,7 +111,7 @@ export class TcpTransport extends TunnelKeeper {
     this.timing = {
       keepaliveIntervalMs: positive(options.keepaliveIntervalMs ?? 5000, 'keepaliveIntervalMs'),
       deadAfterMs: positive(options.deadAfterMs ?? 15_000, 'deadAfterMs'),
-      highWaterMark: options.highWaterMark ?? 4 * 1024 * 1024,
+      highWaterMark: options.highWaterMark ?? 256 * 1024,
     };
     // Below the socket's own mark, its 'drain' event (which ours relies on) would not be promised.
     if (!(this.timing.highWaterMark >= 65_536)) throw new RangeError('highWaterMark must be at least 64 KiB');
