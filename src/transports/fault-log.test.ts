@@ -1,5 +1,7 @@
 import assert from 'node:assert/strict';
+import { Writable } from 'node:stream';
 import { describe, it } from 'node:test';
+import pino from 'pino';
 import { FaultLog } from './fault-log.js';
 
 describe('FaultLog', () => {
@@ -40,5 +42,27 @@ describe('FaultLog', () => {
     const snapshot = log.snapshot() as Record<string, number>;
     snapshot.busy = 99;
     assert.equal(log.snapshot().busy, 1);
+  });
+
+  it('takes the agent’s pino logger as it is', () => {
+    const lines: string[] = [];
+    const sink = new Writable({
+      write(chunk, _encoding, done) {
+        lines.push(chunk.toString());
+        done();
+      },
+    });
+    const log = new FaultLog(pino({ level: 'info' }, sink), 'tcp');
+    log.record('wrong-key', { peer: 'p' });
+    return new Promise<void>((resolve) =>
+      setImmediate(() => {
+        assert.equal(lines.length, 1);
+        const line = JSON.parse(lines[0]!) as Record<string, unknown>;
+        assert.equal(line.msg, 'tunnel connection refused');
+        assert.equal(line.reason, 'wrong-key');
+        assert.equal(line.level, 40);
+        resolve();
+      }),
+    );
   });
 });

@@ -33,8 +33,8 @@ afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
 });
 
-async function serve(server: net.Server): Promise<number> {
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', () => resolve()));
+async function serve(server: net.Server, host = '127.0.0.1'): Promise<number> {
+  await new Promise<void>((resolve) => server.listen(0, host, () => resolve()));
   cleanups.push(() => {
     if (server instanceof http.Server || server instanceof https.Server) server.closeAllConnections();
     return new Promise((resolve) => server.close(resolve));
@@ -43,7 +43,11 @@ async function serve(server: net.Server): Promise<number> {
 }
 
 /** Two peers, each behind an API server of the given scheme; [dialer, acceptor]. */
-async function twoPeers(scheme: 'http' | 'https', options: Partial<TcpTransportOptions> = {}) {
+async function twoPeers(
+  scheme: 'http' | 'https',
+  options: Partial<TcpTransportOptions> = {},
+  host = '127.0.0.1',
+) {
   const directory = new StaticPeerDirectory();
   const made = [identity(), identity()].sort((x, y) => (x.id < y.id ? -1 : 1));
   const apiKey = generateKeyPairSync('ed25519').privateKey;
@@ -65,10 +69,10 @@ async function twoPeers(scheme: 'http' | 'https', options: Partial<TcpTransportO
     server.on('upgrade', (req, socket, head) => {
       if (!transport.acceptUpgrade(req, socket, head)) socket.destroy();
     });
-    const port = await serve(server);
+    const port = await serve(server, host);
     // Closed before its server (cleanups run in reverse), which waits for the tunnel's socket.
     cleanups.push(() => transport.close());
-    directory.set(who.id, who.raw, `127.0.0.1:${port}`);
+    directory.set(who.id, who.raw, host.includes(':') ? `[${host}]:${port}` : `${host}:${port}`);
     const got: Buffer[] = [];
     transport.on('message', (_p, m) => got.push(m));
     peers.push({ who, transport, port, got });
@@ -108,6 +112,15 @@ describe('tcp transport', { timeout: 60_000 }, () => {
     assert.ok(b.got[1]!.equals(big));
     assert.ok(a.got[0]!.equals(big));
     assert.equal(a.got[1]!.toString(), 'back');
+  });
+
+  it('dials an IPv6 address ([::1]:port)', async () => {
+    const [a, b] = await twoPeers('http', {}, '::1');
+    const tunnel = a.transport.ensure(b.who.id);
+    await eventually('up', () => tunnel.state === 'up');
+    tunnel.send([Buffer.from('over v6')]);
+    await eventually('delivered', () => b.got.length === 1);
+    assert.equal(b.got[0]!.toString(), 'over v6');
   });
 
   it('the acceptor chooses AES-128-GCM over the client’s preference, and still speaks ChaCha20 alone', async () => {
