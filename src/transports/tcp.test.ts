@@ -146,6 +146,23 @@ describe('tcp transport', { timeout: 60_000 }, () => {
     assert.equal(await connect('TLS_CHACHA20_POLY1305_SHA256'), 'TLS_CHACHA20_POLY1305_SHA256');
   });
 
+  it('survives a stall of its own event loop longer than deadAfterMs', async () => {
+    const [a, b] = await twoPeers('http', { keepaliveIntervalMs: 50, deadAfterMs: 200 });
+    const tunnel = a.transport.ensure(b.who.id);
+    await eventually('up', () => tunnel.state === 'up');
+    await sleep(100);
+    // Both ends live in this process: a busy second stalls them both, PINGs pile up unread.
+    const until = performance.now() + 1000;
+    while (performance.now() < until) {}
+    await sleep(300);
+    assert.equal(tunnel.state, 'up');
+    assert.equal(tunnel.stats().connects, 1);
+    assert.equal(a.transport.faults().dead + b.transport.faults().dead, 0);
+    // And a peer that really goes silent is still found dead.
+    await b.transport.close();
+    await eventually('down after the peer closed', () => tunnel.state !== 'up', 1000);
+  });
+
   it('gives a dial up after dialTimeoutMs when the handshake stalls, and tries again', async () => {
     const peers = await twoPeers('http', { dialTimeoutMs: 300, backoff: { minMs: 20, maxMs: 50 } });
     const [a] = peers;

@@ -322,6 +322,8 @@ class TcpLink implements Link {
   private lastReceivedAt = performance.now();
   private lastPingAt = performance.now();
   private ticker: NodeJS.Timeout | undefined;
+  private tickMs = 0;
+  private lastTickAt = 0;
   private wantDrain = false;
 
   constructor(
@@ -387,8 +389,9 @@ class TcpLink implements Link {
     }
     const { keepaliveIntervalMs, deadAfterMs } = this.timing;
     // Fine enough that death is noticed within a quarter of the shorter period of its deadline.
-    const tickMs = Math.max(5, Math.min(keepaliveIntervalMs, deadAfterMs) / 4);
-    this.ticker = setInterval(() => this.tick(), tickMs);
+    this.tickMs = Math.max(5, Math.min(keepaliveIntervalMs, deadAfterMs) / 4);
+    this.lastTickAt = performance.now();
+    this.ticker = setInterval(() => this.tick(), this.tickMs);
     this.ticker.unref();
   }
 
@@ -435,6 +438,13 @@ class TcpLink implements Link {
   private tick(): void {
     if (this.finished) return;
     const now = performance.now();
+    // Time this process's event loop was stalled (a long synchronous task, a GC pause, no CPU)
+    // is not the peer's silence: we could not listen, and timers run before the input that waited
+    // in the socket meanwhile. Without this, one stall longer than deadAfterMs would declare every
+    // tunnel dead at once. A loop that is merely slow still finds dead peers, only later.
+    const gap = now - this.lastTickAt;
+    this.lastTickAt = now;
+    if (gap > this.tickMs * 2) this.lastReceivedAt = Math.min(now, this.lastReceivedAt + gap - this.tickMs);
     const silentMs = now - this.lastReceivedAt;
     if (silentMs > this.timing.deadAfterMs) {
       this.finish('dead', `nothing received for ${Math.round(silentMs)} ms`);

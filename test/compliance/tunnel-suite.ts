@@ -67,15 +67,33 @@ class Probe {
   }
 }
 
-/** Polls `check` until it returns true; fails with `what` after timeoutMs. */
-async function eventually(what: string, check: () => boolean, timeoutMs: number): Promise<number> {
+/** Polls `check` until it returns true; fails with `what` (and `explain()`) after timeoutMs. */
+async function eventually(
+  what: string,
+  check: () => boolean,
+  timeoutMs: number,
+  explain?: () => unknown,
+): Promise<number> {
   const start = performance.now();
   for (;;) {
     if (check()) return performance.now() - start;
-    if (performance.now() - start > timeoutMs)
-      assert.fail(`timed out after ${timeoutMs} ms waiting for: ${what}`);
+    if (performance.now() - start > timeoutMs) {
+      const details = explain ? `\n${JSON.stringify(explain(), null, 1)}` : '';
+      assert.fail(`timed out after ${timeoutMs} ms waiting for: ${what}${details}`);
+    }
     await sleep(5);
   }
+}
+
+/** Both ends of a pair as a test failure should show them. */
+function pairState(world: TunnelWorld, i: number, j: number): Record<string, unknown> {
+  const side = (x: number, y: number) => {
+    const transport = world.transport(x);
+    const tunnel = transport.tunnel(world.ids[y]!);
+    const faults = Object.entries(transport.faults()).filter(([, n]) => n > 0);
+    return { state: tunnel?.state, stats: tunnel?.stats(), faults: Object.fromEntries(faults) };
+  };
+  return { [i]: side(i, j), [j]: side(j, i) };
 }
 
 /** Asserts `check` stays true for the whole period. */
@@ -201,6 +219,7 @@ export function tunnelCompliance(name: string, makeWorld: MakeWorld): void {
           'all messages delivered',
           () => pb.from(a).length >= toB.length && pa.from(b).length >= toA.length,
           30_000,
+          () => ({ delivered: [pb.from(a).length, pa.from(b).length], ...pairState(world, 0, 1) }),
         );
         const elapsed = performance.now() - sentAt;
         for (const [got, want, what] of [
