@@ -47,6 +47,7 @@ async function twoPeers(
   scheme: 'http' | 'https',
   options: Partial<TcpTransportOptions> = {},
   host = '127.0.0.1',
+  serverOptions: http.ServerOptions = {},
 ) {
   const directory = new StaticPeerDirectory();
   const made = [identity(), identity()].sort((x, y) => (x.id < y.id ? -1 : 1));
@@ -65,7 +66,12 @@ async function twoPeers(
       ...options,
     });
     const handler = (_req: http.IncomingMessage, res: http.ServerResponse) => res.writeHead(404).end();
-    const server = scheme === 'https' ? https.createServer(apiTls, handler) : http.createServer(handler);
+    const server =
+      scheme === 'https'
+        ? https.createServer({ ...apiTls, ...serverOptions }, handler)
+        : http.createServer(serverOptions, handler);
+    // What fastify's connectionTimeout sets.
+    if (serverOptions.requestTimeout) server.setTimeout(serverOptions.requestTimeout);
     server.on('upgrade', (req, socket, head) => {
       if (!transport.acceptUpgrade(req, socket, head)) socket.destroy();
     });
@@ -121,6 +127,23 @@ describe('tcp transport', { timeout: 60_000 }, () => {
     tunnel.send([Buffer.from('over v6')]);
     await eventually('delivered', () => b.got.length === 1);
     assert.equal(b.got[0]!.toString(), 'over v6');
+  });
+
+  it('outlives the API server’s request, headers, idle and keep-alive timeouts', async () => {
+    const short = {
+      requestTimeout: 300,
+      headersTimeout: 200,
+      keepAliveTimeout: 100,
+      connectionsCheckingInterval: 50,
+    };
+    const [a, b] = await twoPeers('http', {}, '127.0.0.1', short);
+    const tunnel = a.transport.ensure(b.who.id);
+    await eventually('up', () => tunnel.state === 'up');
+    await sleep(1200);
+    assert.equal(tunnel.state, 'up');
+    assert.equal(tunnel.stats().connects, 1);
+    tunnel.send([Buffer.from('still here')]);
+    await eventually('delivered', () => b.got.length === 1);
   });
 
   it('the acceptor chooses AES-128-GCM over the client’s preference, and still speaks ChaCha20 alone', async () => {
