@@ -256,11 +256,11 @@ export const ServiceDataPlane = Type.Object(
       description: 'what this agent is for the service: its source (ingress), its target (exit), or neither',
     }),
     state: Type.Union(
-      ['up', 'connecting', 'down', 'error', 'inactive', 'disabled'].map((v) => Type.Literal(v)),
+      ['up', 'connecting', 'down', 'error', 'inactive'].map((v) => Type.Literal(v)),
       {
         description:
           'up: tunnel connected and kernel state applied; connecting/down: tunnel not up; error: see problem; ' +
-          'inactive: this agent does not carry the service; disabled: the data plane is off on this agent',
+          'inactive: this agent does not carry the service',
       },
     ),
     exit_mode: Type.Union([Type.Literal('nat'), Type.Literal('macvlan'), Type.Null()], {

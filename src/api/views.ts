@@ -77,22 +77,8 @@ export const routeView = (r: RouteRecord) => ({
   dest_cidr: r.destCidr,
 });
 
-/** The `dataplane` extra field of a service; `disabled` when this agent runs no data plane. */
-export function dataplaneView(status: ServiceDataPlaneStatus | undefined) {
-  if (!status) {
-    return {
-      role: 'none' as const,
-      state: 'disabled' as const,
-      exit_mode: null,
-      interface: null,
-      problem: null,
-      bytes_sent: 0,
-      packets_sent: 0,
-      bytes_received: 0,
-      packets_received: 0,
-      dropped: 0,
-    };
-  }
+/** The `dataplane` extra field of a service, on an agent that runs a data plane. */
+export function dataplaneView(status: ServiceDataPlaneStatus) {
   const c = status.counters;
   return {
     role: status.role,

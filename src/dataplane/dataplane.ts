@@ -21,7 +21,14 @@ import type { TunnelTransport } from '../transports/tunnel.js';
 import { diff } from './diff.js';
 import type { KernelPort, Tun } from './kernel/port.js';
 import { decodeMessage, encodePacket, uuidBytes } from './packet-frames.js';
-import { type CarriedService, type Plan, type PlanRoute, type PlanService, plan } from './plan.js';
+import {
+  type CarriedService,
+  carriedServices,
+  type Plan,
+  type PlanRoute,
+  type PlanService,
+  plan,
+} from './plan.js';
 import { forwardingProblems } from './requirements.js';
 import { SlotTable } from './slots.js';
 
@@ -236,13 +243,11 @@ export class DataPlane {
     );
     const slots = this.slots.assign(ends.map((s) => s.id));
     const uplink = await this.uplink();
+    // carriedServices names each service's other end, whose tunnel decides what is refused.
     const unreachable = new Set(
-      ends
-        .filter((s) => {
-          const peer = s.sourcePeerId === view.localPeerId ? s.targetPeerId : s.sourcePeerId;
-          return this.options.transport.tunnel(peer)?.state !== 'up';
-        })
-        .map((s) => s.id),
+      carriedServices({ localPeerId: view.localPeerId, services: view.services, slots })
+        .filter((c) => this.options.transport.tunnel(c.peerId)?.state !== 'up')
+        .map((c) => c.serviceId),
     );
     const next = plan({
       localPeerId: view.localPeerId,
@@ -357,7 +362,7 @@ export class DataPlane {
 
   private fromTun(c: Carried, packets: Buffer[]): void {
     const tunnel = this.options.transport.tunnel(c.service.peerId);
-    if (!tunnel || tunnel.state !== 'up') {
+    if (tunnel?.state !== 'up') {
       this.drop('tunnel_down', c, packets.length);
       return;
     }

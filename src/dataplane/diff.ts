@@ -50,9 +50,9 @@ function missing<T>(from: readonly T[], other: readonly T[], key: (x: T) => stri
 }
 
 /**
- * @param nftApplied the listing nft printed right after the agent last replaced its table (the
- *   observed listing is compared with it: nft prints a ruleset in its own words), or null.
- * @param nftDesired the ruleset the agent last applied, to know whether the wanted one changed.
+ * @param nft `applied`: the listing nft printed right after the agent last replaced its table (the
+ *   observed listing is compared with it, since nft prints a ruleset in its own words), and
+ *   `appliedFrom`: the ruleset that produced it, to know whether the wanted one changed.
  */
 export function diff(
   observed: KernelState,

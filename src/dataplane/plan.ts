@@ -14,7 +14,8 @@
  * (or by exitTableOf(N), out of the MACVLAN). Replies carry the connection mark back into a
  * packet mark, which a rule sends to tableOf(N), into the TUN.
  */
-import { formatIp, parseCidr } from '../domain/cidr.js';
+import { parseCidr } from '../domain/cidr.js';
+import { formatCidr, masked, parseCidrLoose } from './kernel/canonical.js';
 import {
   exitTableOf,
   MARK_MASK,
@@ -309,19 +310,13 @@ function nftRuleset(
 
 /** The network of an interface CIDR: 10.91.2.50/24 -> 10.91.2.0/24. */
 export function networkOf(cidrText: string): string {
-  const cidr = parseCidr(cidrText, false)!;
-  const bytes = Uint8Array.from(cidr.bytes);
-  for (let bit = cidr.prefix; bit < bytes.length * 8; bit++) bytes[bit >> 3]! &= ~(1 << (7 - (bit & 7)));
-  return `${formatIp(bytes)}/${cidr.prefix}`;
+  return formatCidr(masked(parseCidrLoose(cidrText)!));
 }
 
+/** Whether the address lies in the network (same family, same bits under its prefix). */
 function contains(network: string, ip: string): boolean {
-  const net = parseCidr(network, true);
-  const host = parseCidr(`${ip}/${ip.includes(':') ? 128 : 32}`, false);
+  const net = parseCidrLoose(network);
+  const host = parseCidrLoose(ip);
   if (!net || !host || net.family !== host.family) return false;
-  for (let bit = 0; bit < net.prefix; bit++) {
-    const mask = 1 << (7 - (bit & 7));
-    if ((net.bytes[bit >> 3]! & mask) !== (host.bytes[bit >> 3]! & mask)) return false;
-  }
-  return true;
+  return formatCidr(masked({ ...host, prefix: net.prefix })) === formatCidr(masked(net));
 }

@@ -12,7 +12,7 @@ const CAP_NET_ADMIN = 12;
 /** Whether this process holds CAP_NET_ADMIN in its effective set. */
 export function hasNetAdmin(status: string = readFileSync('/proc/self/status', 'utf8')): boolean {
   const m = /^CapEff:\s*([0-9a-f]+)$/m.exec(status);
-  return m ? ((BigInt(`0x${m[1]}`) >> BigInt(CAP_NET_ADMIN)) & 1n ? true : false) : false;
+  return m !== null && ((BigInt(`0x${m[1]}`) >> BigInt(CAP_NET_ADMIN)) & 1n) === 1n;
 }
 
 function runs(command: string, args: string[]): Promise<boolean> {
