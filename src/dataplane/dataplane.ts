@@ -11,7 +11,8 @@
  * Packet path: a batch read from a service's TUN becomes one tunnel send to the service's other
  * end; a message from a tunnel is written to the TUN of the service it names, if the sender is
  * that service's other end (anything else is dropped and counted). Batches of messages that
- * arrive in one go are written to each TUN in one call.
+ * arrive in one go are written to each TUN in one call. An ingress follows the TCP connections
+ * it carries, to reset their clients when the tunnel dies (tcp-flows.ts).
  */
 import { lookup } from 'node:dns/promises';
 import { isIP } from 'node:net';
@@ -31,6 +32,7 @@ import {
 } from './plan.js';
 import { forwardingProblems } from './requirements.js';
 import { SlotTable } from './slots.js';
+import { TcpFlowTable } from './tcp-flows.js';
 
 export interface DataPlaneView {
   localPeerId: string;
@@ -81,6 +83,8 @@ interface Carried {
   counters: ServiceCounters;
   /** Packets from the tunnel waiting for this tick's batched TUN write. */
   pending: Buffer[];
+  /** Ingress only: its open TCP connections, reset when the tunnel dies (tcp-flows.ts). */
+  flows: TcpFlowTable | null;
 }
 
 const zeroCounters = (): ServiceCounters => ({
@@ -282,7 +286,14 @@ export class DataPlane {
         counters = zeroCounters();
         this.counters.set(service.serviceId, counters);
       }
-      const carried: Carried = { service, idBytes: uuidBytes(service.serviceId), tun, counters, pending: [] };
+      const carried: Carried = {
+        service,
+        idBytes: uuidBytes(service.serviceId),
+        tun,
+        counters,
+        pending: [],
+        flows: service.role === 'ingress' ? new TcpFlowTable() : null,
+      };
       tun.onPackets((packets) => this.fromTun(carried, packets));
       this.carried.set(service.serviceId, carried);
     }
@@ -300,13 +311,17 @@ export class DataPlane {
     }
     this.lastPlan = next;
     this.lastPlanUnreachable = unreachable;
+    this.resetConnections(unreachable);
     this.lastError = null;
+    const exit = next.carried.some((c) => c.role === 'exit');
     const host =
       next.carried.length === 0
         ? []
         : forwardingProblems({
             ipv4Forward: await kernel.readSysctl('net.ipv4.ip_forward'),
             ipv6Forward: await kernel.readSysctl('net.ipv6.conf.all.forwarding'),
+            rpFilterAll: exit ? await kernel.readSysctl('net.ipv4.conf.all.rp_filter') : null,
+            rpFilterDefault: exit ? await kernel.readSysctl('net.ipv4.conf.default.rp_filter') : null,
           });
     // Said once when it appears, not on every reconcile (LESSONS: log floods).
     if (host.join() !== this.hostProblems.join() && host.length > 0) {
@@ -325,6 +340,23 @@ export class DataPlane {
     this.tunnelPeers = peers;
     // A tunnel that was already up before this agent wanted it sends no state event.
     if (newTunnel) this.again = true;
+  }
+
+  /**
+   * Once the refuse rules of a dead tunnel are in place, makes every client of a connection the
+   * service carried answer, so that the rules reset it (tcp-flows.ts).
+   */
+  private resetConnections(unreachable: ReadonlySet<string>): void {
+    for (const id of unreachable) {
+      const c = this.carried.get(id);
+      if (!c?.flows || c.flows.size === 0) continue;
+      const connections = c.flows.size;
+      c.tun.write(c.flows.takeProbes());
+      this.options.logger.info(
+        { service: id, connections },
+        "data plane: resetting the service's connections, its tunnel is down",
+      );
+    }
   }
 
   private async uplink() {
@@ -371,6 +403,7 @@ export class DataPlane {
     for (let i = 0; i < packets.length; i++) {
       const p = packets[i]!;
       bytes += p.length;
+      c.flows?.fromClient(p);
       messages[i] = encodePacket(c.idBytes, p);
     }
     c.counters.packetsSent += packets.length;
@@ -397,6 +430,7 @@ export class DataPlane {
     }
     c.counters.packetsReceived++;
     c.counters.bytesReceived += decoded.packet.length;
+    c.flows?.fromServer(decoded.packet);
     c.pending.push(decoded.packet);
     this.flushQueue.add(c);
     if (!this.flushScheduled) {

@@ -39,8 +39,24 @@ export async function missingRequirements(): Promise<string[]> {
 export function forwardingProblems(values: {
   ipv4Forward: string | null;
   ipv6Forward: string | null;
+  /** Only read where this agent is an exit: net.ipv4.conf.{all,default}.rp_filter. */
+  rpFilterAll?: string | null;
+  rpFilterDefault?: string | null;
 }): string[] {
   const out: string[] = [];
+  // An exit's packets from a TUN carry the client's address, which the main table routes out of
+  // the uplink, not back into the TUN: strict mode (1) drops them all. The TUN's own key starts
+  // as `default` and the kernel applies the larger of it and `all`.
+  for (const [key, value] of [
+    ['all', values.rpFilterAll],
+    ['default', values.rpFilterDefault],
+  ] as const) {
+    if (value?.trim() === '1') {
+      out.push(
+        `net.ipv4.conf.${key}.rp_filter is 1 (strict): an exit drops every IPv4 packet from its tunnels (sysctl -w net.ipv4.conf.${key}.rp_filter=2)`,
+      );
+    }
+  }
   if (values.ipv4Forward !== null && values.ipv4Forward.trim() !== '1') {
     out.push(
       'net.ipv4.ip_forward is 0: forwarded IPv4 traffic cannot enter or leave a tunnel (sysctl -w net.ipv4.ip_forward=1)',

@@ -3,7 +3,9 @@
  * dist/test/helpers/netns-apps.js CMD ...`):
  * - `serve PORT_HTTP PORT_UDP`: the destination. HTTP on [::] (dual stack): `/` answers the
  *   client address it saw and prints `remote <addr>` to stdout (its own log); `/bytes?n=N` sends
- *   N bytes of the test stream (see streamBlock). A UDP echo on PORT_UDP.
+ *   N bytes of the test stream (see streamBlock); `/stall` sends its headers and one line, then
+ *   nothing more until the client goes (a connection on which the client only waits). A UDP
+ *   echo on PORT_UDP.
  * - `udp HOST PORT TEXT`: sends TEXT, prints the echo, exits 1 after 3 s without one.
  * - `burst URL N`: N concurrent GETs, each a new connection; prints a JSON array of statuses
  *   (or error codes).
@@ -57,6 +59,11 @@ function serve(httpPort: number, udpPort: number): void {
         res.end();
       };
       pump();
+      return;
+    }
+    if (url.pathname === '/stall') {
+      res.writeHead(200, { 'content-type': 'text/plain' });
+      res.write('stalled\n');
       return;
     }
     process.stdout.write(`remote ${remote}\n`);
