@@ -1,0 +1,718 @@
+/**
+ * bench/dataplane/run: the agent's packet tunnel (a `tcp` service between two real agent
+ * processes) beside the bench-anchors paths, in one run on the anchors' topology (`node
+ * dist/bench/dataplane/run.js`, as root; not part of the tests). Issue 5's figures: iperf3 TCP 1
+ * and 4 streams, iperf3 UDP, new connections per second (ab without keep-alive), the ratio of the
+ * mesh to each anchor, and the tunnel's CPU seconds per GB. Target: >= 1.0x wireguard-go on every
+ * figure.
+ *
+ * - Topology and anchors: ../shared/bench-anchors (topology.sh, paths.sh) with BA_PREFIX (mdb).
+ *   paths.sh starts iperf3 and the tiny Node HTTP server in dest, and brings each anchor path
+ *   (direct, wg, stunnel, socat) up and down.
+ * - Mesh: an agent (`dist/src/cli/main.js serve --dataplane on`) in the ingress and in the exit
+ *   namespace, advertising their underlay addresses (10.91.0.1 / 10.91.0.2), reached from this
+ *   process over a small management veth per namespace (10.254.MGMT_INDEX.0/29). Per rep the
+ *   mesh is measured last: the bench creates a service ingress -> exit (transport tcp, route
+ *   10.91.1.0/24 -> 10.91.2.0/24), measures, deletes it and checks the agent's policy rules are
+ *   gone, so the anchors always measure their own path. Each mesh figure is checked to have
+ *   crossed the tunnel (the ingress's `dataplane.bytes_sent` grew by at least half the bytes the
+ *   destination received).
+ * - Figures: iperf3 -t DURATION -O 1 (receiver Gbit/s) with -P 1 and -P 4; iperf3 -u -b UDP_RATE
+ *   (0 = as fast as the sender can) -l UDP_LEN (1350: fits wireguard's 1420 MTU), received
+ *   Gbit/s and loss % (TCP relays carry no UDP: n/a there); ab -c AB_C -t DURATION without -k.
+ * - CPU per GB: utime+stime (/proc/<pid>/stat) of the tunnel's processes (both agents; both
+ *   wireguard-go; both stunnel; socat with its reaped per-connection children) over the
+ *   measurement, divided by the bytes dest's veth (d0) received and sent. Kernel forwarding
+ *   (direct) has no process: n/a.
+ * Output: Markdown tables on stdout, JSON in bench/results/dataplane-<timestamp>.json and the raw
+ * tool outputs and agent logs in bench/results/dataplane-<timestamp>-raw/ (git-ignored).
+ * Settings (environment): REPS (3) DURATION (10) AB_C (32) BA_PREFIX (mdb) PATHS ("direct wg
+ * stunnel socat mesh") UDP_RATE (0) UDP_LEN (1350) MGMT_INDEX (200) BENCH_SHARED (<repo>/../shared)
+ * BENCH_CPU_PROF=1 (agents write --cpu-prof profiles into the raw dir).
+ */
+import { spawn } from 'node:child_process';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { cpus, loadavg, tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { AgentProcess } from '../../test/helpers/agent-process.js';
+import { makeVendor } from '../../test/helpers/licenses.js';
+import { bootstrapNode, type Node } from '../../test/helpers/nodes.js';
+import { REPO_ROOT, sleep } from '../api/measure.js';
+
+const env = process.env;
+const int = (v: string | undefined, d: number) => (v && /^\d+$/.test(v) ? Number(v) : d);
+const S = {
+  reps: int(env['REPS'], 3),
+  duration: int(env['DURATION'], 10),
+  abC: int(env['AB_C'], 32),
+  prefix: env['BA_PREFIX'] || 'mdb',
+  shared: resolve(env['BENCH_SHARED'] || join(REPO_ROOT, '../shared')),
+  paths: (env['PATHS'] || 'direct wg stunnel socat mesh').split(/\s+/).filter(Boolean),
+  udpRate: env['UDP_RATE'] || '0',
+  udpLen: int(env['UDP_LEN'], 1350),
+  mgmtIndex: int(env['MGMT_INDEX'], 200),
+  cpuProf: env['BENCH_CPU_PROF'] === '1',
+};
+const ANCHORS = join(S.shared, 'bench-anchors');
+const TAG = S.prefix.replace(/[^a-zA-Z0-9]/g, '').slice(0, 8) || 'mdb';
+const NS = {
+  client: `${S.prefix}-client`,
+  ingress: `${S.prefix}-ingress`,
+  exit: `${S.prefix}-exit`,
+  dest: `${S.prefix}-dest`,
+};
+const STATE_DIR = `/tmp/bench-anchors-${S.prefix}`;
+const IP = { dest: '10.91.2.2', ingressUl: '10.91.0.1', exitUl: '10.91.0.2' };
+const API_PORT = 7480;
+const MGMT = {
+  ingress: { host: `${TAG}m0`, hostIp: `10.254.${S.mgmtIndex}.1`, agentIp: `10.254.${S.mgmtIndex}.2` },
+  exit: { host: `${TAG}m1`, hostIp: `10.254.${S.mgmtIndex}.5`, agentIp: `10.254.${S.mgmtIndex}.6` },
+};
+const METRICS = ['tcp1', 'tcp4', 'udp', 'cps'] as const;
+type Metric = (typeof METRICS)[number];
+const STAMP = new Date()
+  .toISOString()
+  .replace(/[-:]/g, '')
+  .replace(/\.\d+Z$/, 'Z');
+const RESULTS = join(REPO_ROOT, 'bench/results');
+const RAW = join(RESULTS, `dataplane-${STAMP}-raw`);
+
+// --- processes -------------------------------------------------------------------------------
+
+interface RunResult {
+  code: number | null;
+  out: string;
+  err: string;
+}
+
+/** Runs a command to its end (killed after timeoutMs); never rejects on a non-zero exit. */
+function run(cmd: string, args: string[], timeoutMs = 60_000, extraEnv: Record<string, string> = {}) {
+  return new Promise<RunResult>((done) => {
+    const p = spawn(cmd, args, { env: { ...env, ...extraEnv }, stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    let err = '';
+    p.stdout.on('data', (c: Buffer) => {
+      out += c.toString();
+    });
+    p.stderr.on('data', (c: Buffer) => {
+      err += c.toString();
+    });
+    const timer = setTimeout(() => p.kill('SIGKILL'), timeoutMs);
+    p.on('error', (e) => {
+      clearTimeout(timer);
+      done({ code: -1, out, err: err + String(e) });
+    });
+    p.on('close', (code) => {
+      clearTimeout(timer);
+      done({ code, out, err });
+    });
+  });
+}
+
+/** Runs a command and throws with its output when it fails. */
+async function must(cmd: string, args: string[], timeoutMs = 60_000): Promise<string> {
+  const r = await run(cmd, args, timeoutMs, { BA_PREFIX: S.prefix });
+  if (r.code !== 0) throw new Error(`${cmd} ${args.join(' ')} failed (${r.code}): ${r.err || r.out}`);
+  return r.out;
+}
+const anchors = (script: string, ...args: string[]) =>
+  must('bash', [join(ANCHORS, script), ...args], 120_000);
+const inNs = (ns: string, cmd: string, args: string[], timeoutMs?: number) =>
+  run('ip', ['netns', 'exec', ns, cmd, ...args], timeoutMs);
+
+function log(msg: string): void {
+  process.stderr.write(`[${new Date().toISOString().slice(11, 19)}] ${msg}\n`);
+}
+
+// --- /proc and counters ----------------------------------------------------------------------
+
+const CLOCK_TICKS = 100; // checked against getconf CLK_TCK in main()
+
+/** CPU seconds of the processes (all threads); with `children`, also their reaped children. */
+function cpuSeconds(pids: number[], children: boolean): number {
+  let ticks = 0;
+  for (const pid of pids) {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    // Fields after the command name (which may hold spaces) start at field 3; utime..cstime = 14..17.
+    const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    ticks += Number(f[11]) + Number(f[12]);
+    if (children) ticks += Number(f[13]) + Number(f[14]);
+  }
+  return ticks / CLOCK_TICKS;
+}
+
+/** The daemons paths.sh started for a path (its pids file: "tag pid" lines). */
+function anchorPids(path: string): number[] {
+  const tag = path === 'wg' ? /^wg-/ : path === 'stunnel' ? /^stunnel-/ : path === 'socat' ? /^socat-/ : null;
+  if (!tag) return [];
+  return readFileSync(join(STATE_DIR, 'pids'), 'utf8')
+    .split('\n')
+    .map((l) => l.trim().split(/\s+/))
+    .filter(([name]) => name && tag.test(name))
+    .map(([, pid]) => Number(pid));
+}
+
+/** Bytes dest's veth received + sent: what crossed the path, same measure for every path. */
+async function destBytes(): Promise<number> {
+  const r = await must('ip', ['-n', NS.dest, '-j', '-s', 'link', 'show', 'd0']);
+  const s = (JSON.parse(r) as { stats64: { rx: { bytes: number }; tx: { bytes: number } } }[])[0]!.stats64;
+  return s.rx.bytes + s.tx.bytes;
+}
+
+// --- the tools -------------------------------------------------------------------------------
+
+interface Figure {
+  value: number | null;
+  lossPct?: number;
+  /** UDP: 1 - received bytes / sent bytes, a cross-check of iperf3's own loss count. */
+  bytesLossPct?: number;
+  retransmits?: number;
+  failed?: number;
+  error?: string;
+}
+
+interface IperfEnd {
+  sum_received?: { bits_per_second: number; bytes: number; lost_percent?: number };
+  sum_sent?: { retransmits?: number; bytes: number };
+  sum?: { lost_percent?: number };
+}
+
+async function iperf(file: string, host: string, port: number, args: string[]): Promise<Figure> {
+  const r = await inNs(
+    NS.client,
+    'iperf3',
+    ['-c', host, '-p', String(port), '-t', String(S.duration), '-J', '--connect-timeout', '5000', ...args],
+    (S.duration + 30) * 1000,
+  );
+  writeFileSync(file, r.out + r.err);
+  try {
+    const j = JSON.parse(r.out) as { end?: IperfEnd; error?: string };
+    const recv = j.end?.sum_received;
+    if (j.error || !recv) return { value: null, error: j.error ?? 'no receiver sum' };
+    const fig: Figure = { value: recv.bits_per_second / 1e9 };
+    if (j.end?.sum_sent?.retransmits !== undefined) fig.retransmits = j.end.sum_sent.retransmits;
+    const loss = recv.lost_percent ?? j.end?.sum?.lost_percent;
+    if (loss !== undefined) fig.lossPct = loss;
+    const sent = j.end?.sum_sent?.bytes;
+    if (loss !== undefined && sent) fig.bytesLossPct = 100 * (1 - recv.bytes / sent);
+    return fig;
+  } catch {
+    return { value: null, error: `iperf3 exited ${r.code}: ${(r.err || r.out).slice(0, 200)}` };
+  }
+}
+
+async function ab(file: string, host: string, port: number): Promise<Figure> {
+  const r = await inNs(
+    NS.client,
+    'ab',
+    [
+      '-q',
+      '-r',
+      '-s',
+      '5',
+      '-c',
+      String(S.abC),
+      '-t',
+      String(S.duration),
+      '-n',
+      '10000000',
+      `http://${host}:${port}/`,
+    ],
+    (S.duration + 30) * 1000,
+  );
+  writeFileSync(file, r.out + r.err);
+  const rps = /^Requests per second:\s+([\d.]+)/m.exec(r.out);
+  if (!rps) return { value: null, error: `ab exited ${r.code}: ${(r.err || r.out).slice(-200)}` };
+  const failed = /^Failed requests:\s+(\d+)/m.exec(r.out);
+  return { value: Number(rps[1]), failed: failed ? Number(failed[1]) : 0 };
+}
+
+// --- the mesh ----------------------------------------------------------------------------------
+
+let ingress: Node | undefined;
+let exit: Node | undefined;
+let serviceId: string | undefined;
+const agentDirs: string[] = [];
+
+async function mgmtUp(): Promise<void> {
+  // The agent insists on both families forwarding before it carries a service (its /readyz and
+  // the service's dataplane.problem say so); topology.sh only turns on IPv4.
+  for (const ns of [NS.ingress, NS.exit])
+    await must('ip', ['netns', 'exec', ns, 'sysctl', '-qw', 'net.ipv6.conf.all.forwarding=1']);
+  for (const [ns, m] of [
+    [NS.ingress, MGMT.ingress],
+    [NS.exit, MGMT.exit],
+  ] as const) {
+    await must('ip', ['link', 'add', m.host, 'type', 'veth', 'peer', 'name', 'mg0', 'netns', ns]);
+    await must('ip', ['addr', 'add', `${m.hostIp}/30`, 'dev', m.host]);
+    await must('ip', ['link', 'set', m.host, 'up']);
+    await must('ip', ['-n', ns, 'addr', 'add', `${m.agentIp}/30`, 'dev', 'mg0']);
+    await must('ip', ['-n', ns, 'link', 'set', 'mg0', 'up']);
+  }
+}
+
+async function startAgents(): Promise<void> {
+  const vendor = makeVendor();
+  const license = { max_nodes: 5, max_services: 10 };
+  const start = async (ns: string, mgmtIp: string, advertise: string) => {
+    const dataDir = mkdtempSync(join(tmpdir(), 'mesh-bench-dp-'));
+    agentDirs.push(dataDir);
+    const agent = await AgentProcess.start({
+      vendor,
+      dataDir,
+      netns: ns,
+      port: API_PORT,
+      listen: `0.0.0.0:${API_PORT}`,
+      apiHost: mgmtIp,
+      extraArgs: ['--advertise', `${advertise}:${API_PORT}`, '--dataplane', 'on'],
+      env: S.cpuProf ? { NODE_OPTIONS: `--cpu-prof --cpu-prof-dir=${join(RAW, 'cpuprof')}` } : {},
+    });
+    return bootstrapNode(agent, vendor, license);
+  };
+  ingress = await start(NS.ingress, MGMT.ingress.agentIp, IP.ingressUl);
+  exit = await start(NS.exit, MGMT.exit.agentIp, IP.exitUl);
+  const res = await ingress.agent.client.post('/v1/peers', {
+    token: ingress.token,
+    json: { address: `${IP.exitUl}:${API_PORT}` },
+  });
+  if (res.status !== 201) throw new Error(`join failed: ${res.status} ${res.text}`);
+}
+
+interface MeshCounters {
+  bytes_sent: number;
+  bytes_received: number;
+  packets_sent: number;
+  packets_received: number;
+  dropped: number;
+  state: string;
+}
+
+async function meshCounters(node: Node, id: string): Promise<MeshCounters> {
+  const res = await node.agent.client.get(`/v1/services/${id}`, { token: node.token });
+  if (res.status !== 200) throw new Error(`GET service: ${res.status} ${res.text}`);
+  return res.body.dataplane as MeshCounters;
+}
+
+/** Polls `check` (true = done) for at most ms; throws `what` with the last reason. */
+async function until(what: string, ms: number, check: () => Promise<string | true>): Promise<void> {
+  const deadline = Date.now() + ms;
+  let last = '';
+  while (Date.now() < deadline) {
+    const r = await check().catch((e: Error) => e.message);
+    if (r === true) return;
+    last = r;
+    await sleep(200);
+  }
+  throw new Error(`${what} within ${ms} ms: ${last}`);
+}
+
+/** The agent's policy rules in ingress (pref 21000..31999): present while it carries a service. */
+async function meshRules(): Promise<number> {
+  const rules = JSON.parse(await must('ip', ['-n', NS.ingress, '-j', '-4', 'rule', 'show'])) as {
+    priority: number;
+  }[];
+  return rules.filter((r) => r.priority >= 21000 && r.priority < 32000).length;
+}
+
+async function meshUp(): Promise<void> {
+  const a = ingress!;
+  const b = exit!;
+  const res = await a.agent.client.post('/v1/services', {
+    token: a.token,
+    json: { target_peer_id: b.peerId, transport_type: 'tcp' },
+  });
+  if (res.status !== 201) throw new Error(`create service: ${res.status} ${res.text}`);
+  const id = res.body.id as string;
+  serviceId = id;
+  const r = await a.agent.client.post(`/v1/services/${id}/routes`, {
+    token: a.token,
+    json: { routes: [{ priority: 100, source_cidr: '10.91.1.0/24', dest_cidr: '10.91.2.0/24' }] },
+  });
+  if (r.status !== 201) throw new Error(`add route: ${r.status} ${r.text}`);
+  await a.agent.client.post('/v1/cluster/sync', { token: a.token });
+  await until('service up on both agents', 30_000, async () => {
+    for (const n of [a, b]) {
+      const c = await meshCounters(n, id);
+      if (c.state !== 'up') return `${n === a ? 'ingress' : 'exit'}: ${JSON.stringify(c)}`;
+    }
+    return true;
+  });
+  const ping = await inNs(NS.client, 'ping', ['-c', '1', '-W', '3', IP.dest], 10_000);
+  if (ping.code !== 0) throw new Error(`mesh: client cannot reach dest: ${ping.out}${ping.err}`);
+  const c = await meshCounters(a, id);
+  if (c.packets_sent < 1) throw new Error(`mesh: the ping did not enter the tunnel: ${JSON.stringify(c)}`);
+}
+
+async function meshDown(): Promise<void> {
+  if (!serviceId || !ingress) return;
+  const id = serviceId;
+  const res = await ingress.agent.client.delete(`/v1/services/${id}`, { token: ingress.token });
+  if (res.status !== 200) throw new Error(`delete service: ${res.status} ${res.text}`);
+  serviceId = undefined;
+  await ingress.agent.client.post('/v1/cluster/sync', { token: ingress.token });
+  await until('mesh rules gone from ingress', 30_000, async () => {
+    const n = await meshRules();
+    return n === 0 ? true : `${n} rules left`;
+  });
+}
+
+// --- one measurement ---------------------------------------------------------------------------
+
+interface Sample extends Figure {
+  rep: number;
+  path: string;
+  metric: Metric;
+  /** Bytes dest's veth received + sent during the measurement. */
+  destBytes: number;
+  /** CPU seconds of the path's tunnel processes (null: kernel forwarding, no process). */
+  tunnelCpuS: number | null;
+  cpuSPerGB: number | null;
+  cpuMsPerKConn: number | null;
+  /** Mesh only: the ingress's tunnel counters over the measurement. */
+  mesh?: { bytesSent: number; bytesReceived: number; dropped: number; exitDropped: number };
+  /** Anchors only: CPU seconds the two idle agents used meanwhile (their disturbance). */
+  agentIdleCpuS?: number;
+  load: [number, number];
+  invalid?: string;
+}
+
+const samples: Sample[] = [];
+
+function agentPids(): number[] {
+  return [ingress, exit].filter((n): n is Node => !!n).map((n) => n.agent.proc.pid!);
+}
+
+async function measure(rep: number, path: string, metric: Metric, fn: () => Promise<Figure>) {
+  const isMesh = path === 'mesh';
+  const pids = isMesh ? agentPids() : anchorPids(path);
+  const children = path === 'socat';
+  const agents = agentPids();
+  const cpu0 = cpuSeconds(pids, children);
+  const idle0 = isMesh ? 0 : cpuSeconds(agents, false);
+  const bytes0 = await destBytes();
+  const m0 = isMesh ? await meshCounters(ingress!, serviceId!) : undefined;
+  const x0 = isMesh ? await meshCounters(exit!, serviceId!) : undefined;
+  const load0 = loadavg()[0]!;
+  const fig = await fn();
+  const cpu = pids.length ? cpuSeconds(pids, children) - cpu0 : null;
+  const bytes = (await destBytes()) - bytes0;
+  const s: Sample = {
+    rep,
+    path,
+    metric,
+    ...fig,
+    destBytes: bytes,
+    tunnelCpuS: cpu,
+    cpuSPerGB: cpu !== null && metric !== 'cps' && bytes > 0 ? cpu / (bytes / 1e9) : null,
+    cpuMsPerKConn:
+      cpu !== null && metric === 'cps' && fig.value ? (cpu * 1e6) / (fig.value * S.duration) : null,
+    load: [load0, loadavg()[0]!],
+  };
+  if (!isMesh) s.agentIdleCpuS = cpuSeconds(agents, false) - idle0;
+  if (isMesh) {
+    const m1 = await meshCounters(ingress!, serviceId!);
+    const x1 = await meshCounters(exit!, serviceId!);
+    s.mesh = {
+      bytesSent: m1.bytes_sent - m0!.bytes_sent,
+      bytesReceived: m1.bytes_received - m0!.bytes_received,
+      dropped: m1.dropped - m0!.dropped,
+      exitDropped: x1.dropped - x0!.dropped,
+    };
+    // Half of what dest saw (its veth counts Ethernet headers, the tunnel IP bytes) is a loose
+    // but sure sign that the traffic crossed the tunnel rather than the kernel's direct route.
+    const destRx = bytes; // both directions; the client->dest direction dominates every figure
+    if (s.mesh.bytesSent + s.mesh.bytesReceived < destRx / 2)
+      s.invalid = `did not cross the mesh: tunnel ${s.mesh.bytesSent}+${s.mesh.bytesReceived} B, dest ${destRx} B`;
+  }
+  if (fig.value === null) s.invalid = fig.error ?? 'no figure';
+  samples.push(s);
+  const extra = [
+    fig.lossPct !== undefined ? `loss ${fig.lossPct.toFixed(2)}%` : '',
+    fig.retransmits !== undefined ? `retr ${fig.retransmits}` : '',
+    s.cpuSPerGB !== null ? `${s.cpuSPerGB.toFixed(2)} CPU s/GB` : '',
+    s.cpuMsPerKConn !== null ? `${s.cpuMsPerKConn.toFixed(0)} CPU ms/1k conn` : '',
+    s.invalid ? `INVALID: ${s.invalid}` : '',
+  ]
+    .filter(Boolean)
+    .join(', ');
+  log(`  rep ${rep} ${path} ${metric} = ${fig.value === null ? 'NA' : fig.value.toPrecision(4)} ${extra}`);
+  await sleep(1000);
+}
+
+function target(path: string): { host: string; iperf: number; http: number } {
+  return path === 'direct' || path === 'wg' || path === 'mesh'
+    ? { host: IP.dest, iperf: 5201, http: 8080 }
+    : { host: '10.91.1.1', iperf: 15201, http: 18080 };
+}
+
+async function ensureServices(): Promise<void> {
+  const ok = async (port: number) =>
+    (await inNs(NS.dest, 'ss', ['-Hltn', `src ${IP.dest}:${port}`])).out.trim().length > 0;
+  if (!(await ok(5201)) || !(await ok(8080))) {
+    log('restarting dest services');
+    await anchors('paths.sh', 'services-down').catch(() => '');
+    await anchors('paths.sh', 'services-up');
+  }
+}
+
+async function measurePath(rep: number, path: string): Promise<void> {
+  const t = target(path);
+  const udp = path === 'direct' || path === 'wg' || path === 'mesh';
+  const f = (m: string) => join(RAW, `r${rep}-${path}-${m}.${m === 'cps' ? 'txt' : 'json'}`);
+  await sleep(1000);
+  // TCP omits its first second (slow start); UDP does not: iperf3 3.12 miscounts UDP loss with
+  // --omit (99.7% "lost" while the receiver reported a quarter of the sent bytes).
+  await measure(rep, path, 'tcp1', () => iperf(f('tcp1'), t.host, t.iperf, ['-O', '1', '-P', '1']));
+  await measure(rep, path, 'tcp4', () => iperf(f('tcp4'), t.host, t.iperf, ['-O', '1', '-P', '4']));
+  if (udp)
+    await measure(rep, path, 'udp', () =>
+      iperf(f('udp'), t.host, t.iperf, ['-u', '-b', S.udpRate, '-l', String(S.udpLen)]),
+    );
+  await measure(rep, path, 'cps', () => ab(f('cps'), t.host, t.http));
+}
+
+// --- summary ---------------------------------------------------------------------------------
+
+const median = (xs: number[]) => {
+  const s = [...xs].sort((a, b) => a - b);
+  const m = Math.floor(s.length / 2);
+  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
+};
+const sig = (x: number) =>
+  Math.abs(x) >= 100 ? x.toFixed(0) : Math.abs(x) >= 10 ? x.toFixed(1) : x.toPrecision(3);
+const cell = (xs: number[]) =>
+  xs.length === 0
+    ? 'n/a'
+    : xs.length === 1
+      ? sig(xs[0]!)
+      : `${sig(median(xs))} [${sig(Math.min(...xs))}-${sig(Math.max(...xs))}]`;
+
+const valid = (path: string, metric: Metric) =>
+  samples.filter((s) => s.path === path && s.metric === metric && !s.invalid && s.value !== null);
+const values = (path: string, metric: Metric, key: 'value' | 'cpuSPerGB' | 'cpuMsPerKConn' | 'lossPct') =>
+  valid(path, metric)
+    .map((s) => s[key])
+    .filter((v): v is number => typeof v === 'number');
+
+/** Per-rep ratios of `num` over `den` (same rep, same metric), for a figure where more is better. */
+function ratios(num: string, den: string, metric: Metric, key: 'value' | 'cpu'): number[] {
+  const out: number[] = [];
+  for (let rep = 1; rep <= S.reps; rep++) {
+    const a = valid(num, metric).find((s) => s.rep === rep);
+    const b = valid(den, metric).find((s) => s.rep === rep);
+    if (!a || !b) continue;
+    if (key === 'value') out.push(a.value! / b.value!);
+    else {
+      // CPU efficiency: the anchor's CPU cost over the mesh's (> 1 = the mesh is cheaper).
+      const ca = metric === 'cps' ? a.cpuMsPerKConn : a.cpuSPerGB;
+      const cb = metric === 'cps' ? b.cpuMsPerKConn : b.cpuSPerGB;
+      if (ca && cb) out.push(cb / ca);
+    }
+  }
+  return out;
+}
+
+const LABEL: Record<string, string> = {
+  direct: 'direct (kernel)',
+  wg: 'wg (wireguard-go)',
+  stunnel: 'stunnel (TLS relay)',
+  socat: 'socat (plain relay)',
+  mesh: '**mesh (agent, tcp service)**',
+};
+
+function summary(): string {
+  const lines: string[] = [];
+  const paths = S.paths;
+  lines.push(
+    `Data plane, ${S.reps} rep(s) x ${S.duration} s, ${cpus().length} CPUs, ab -c ${S.abC}, UDP -b ${S.udpRate} -l ${S.udpLen}. Cells: median [min-max] over reps.`,
+    '',
+    '| path | TCP 1 stream Gbit/s | TCP 4 streams Gbit/s | UDP received Gbit/s | UDP loss % | new conn/s (ab) |',
+    '|---|---|---|---|---|---|',
+  );
+  for (const p of paths)
+    lines.push(
+      `| ${LABEL[p] ?? p} | ${cell(values(p, 'tcp1', 'value'))} | ${cell(values(p, 'tcp4', 'value'))} | ${cell(values(p, 'udp', 'value'))} | ${cell(values(p, 'udp', 'lossPct'))} | ${cell(values(p, 'cps', 'value'))} |`,
+    );
+  lines.push(
+    '',
+    'Tunnel CPU (utime+stime of the tunnel processes; direct = kernel only, n/a):',
+    '',
+    '| path | CPU s/GB TCP 1 | CPU s/GB TCP 4 | CPU s/GB UDP | CPU ms per 1k conn |',
+    '|---|---|---|---|---|',
+  );
+  for (const p of paths.filter((x) => x !== 'direct'))
+    lines.push(
+      `| ${LABEL[p] ?? p} | ${cell(values(p, 'tcp1', 'cpuSPerGB'))} | ${cell(values(p, 'tcp4', 'cpuSPerGB'))} | ${cell(values(p, 'udp', 'cpuSPerGB'))} | ${cell(values(p, 'cps', 'cpuMsPerKConn'))} |`,
+    );
+  if (paths.includes('mesh')) {
+    lines.push(
+      '',
+      "Mesh ratios to each anchor (per rep, same rep; median [min-max]). CPU columns: the anchor's CPU per GB (per 1k conn) over the mesh's, > 1 = the mesh is cheaper.",
+      '',
+      '| mesh x | TCP 1 | TCP 4 | UDP | conn/s | CPU TCP 1 | CPU TCP 4 | CPU UDP | CPU conn |',
+      '|---|---|---|---|---|---|---|---|---|',
+    );
+    for (const p of paths.filter((x) => x !== 'mesh')) {
+      const v = METRICS.map((m) => cell(ratios('mesh', p, m, 'value')));
+      const c = METRICS.map((m) => cell(ratios('mesh', p, m, 'cpu')));
+      lines.push(`| ${LABEL[p] ?? p} | ${v.join(' | ')} | ${c.join(' | ')} |`);
+    }
+    if (paths.includes('wg')) {
+      lines.push(
+        '',
+        'Target: mesh >= 1.0x wireguard-go on every figure (medians of the per-rep ratios):',
+        '',
+      );
+      for (const m of METRICS) {
+        const r = ratios('mesh', 'wg', m, 'value');
+        const c = ratios('mesh', 'wg', m, 'cpu');
+        const pf = (xs: number[]) => (xs.length ? (median(xs) >= 1 ? 'PASS' : 'FAIL') : 'n/a');
+        lines.push(
+          `- ${m}: ${r.length ? sig(median(r)) : 'n/a'}x ${pf(r)}; CPU efficiency ${c.length ? sig(median(c)) : 'n/a'}x ${pf(c)}`,
+        );
+      }
+    }
+  }
+  const bad = samples.filter((s) => s.invalid);
+  if (bad.length) {
+    lines.push('', 'Invalid samples (left out of the tables):', '');
+    for (const s of bad) lines.push(`- rep ${s.rep} ${s.path} ${s.metric}: ${s.invalid}`);
+  }
+  const idle = samples.filter((s) => s.agentIdleCpuS !== undefined);
+  const idleS = idle.reduce((a, s) => a + s.agentIdleCpuS!, 0);
+  const loads = samples.flatMap((s) => s.load);
+  lines.push(
+    '',
+    `Idle agents during the anchors' measurements: ${idleS.toFixed(2)} CPU s in ${idle.length} measurements. 1-min load average around measurements: ${loads.length ? `${Math.min(...loads).toFixed(2)}-${Math.max(...loads).toFixed(2)}` : 'n/a'}.`,
+  );
+  return lines.join('\n');
+}
+
+// --- main ------------------------------------------------------------------------------------
+
+let cleaning: Promise<void> | undefined;
+let currentPath: string | undefined;
+
+function cleanup(): Promise<void> {
+  cleaning ??= (async () => {
+    if (serviceId) await meshDown().catch((e: Error) => log(`mesh down: ${e.message}`));
+    for (const n of [ingress, exit]) {
+      if (!n) continue;
+      await n.agent.stop('SIGTERM', 10_000).catch((e: Error) => log(`agent stop: ${e.message}`));
+    }
+    mkdirSync(RAW, { recursive: true });
+    if (ingress) writeFileSync(join(RAW, 'agent-ingress.log'), ingress.agent.logs);
+    if (exit) writeFileSync(join(RAW, 'agent-exit.log'), exit.agent.logs);
+    if (currentPath && currentPath !== 'mesh')
+      await anchors('paths.sh', 'down', currentPath).catch((e: Error) => log(e.message));
+    await anchors('paths.sh', 'services-down').catch(() => '');
+    await anchors('topology.sh', 'down').catch((e: Error) => log(e.message));
+    for (const m of [MGMT.ingress, MGMT.exit]) await run('ip', ['link', 'del', m.host]);
+    for (const d of agentDirs) rmSync(d, { recursive: true, force: true });
+  })();
+  return cleaning;
+}
+
+async function environment(): Promise<Record<string, string>> {
+  // dpkg-query's own format syntax, not a template.
+  // biome-ignore lint/suspicious/noTemplateCurlyInString: see above
+  const pkg = async (p: string) => (await run('dpkg-query', ['-W', '-f=${Version}', p])).out || '?';
+  const git = async (...a: string[]) => (await run('git', ['-C', REPO_ROOT, ...a])).out.trim();
+  return {
+    date_utc: new Date().toISOString(),
+    nproc: String(cpus().length),
+    cpu: cpus()[0]?.model ?? '?',
+    kernel: (await run('uname', ['-r'])).out.trim(),
+    node: process.version,
+    commit: await git('rev-parse', 'HEAD'),
+    dirty_src: await git('status', '--porcelain', '--', 'src', 'native'),
+    iperf3: await pkg('iperf3'),
+    'apache2-utils': await pkg('apache2-utils'),
+    'wireguard-go': await pkg('wireguard-go'),
+    stunnel4: await pkg('stunnel4'),
+    socat: await pkg('socat'),
+  };
+}
+
+async function main(): Promise<void> {
+  if (process.getuid?.() !== 0) throw new Error('needs root (network namespaces, TUN, nftables)');
+  const ticks = (await run('getconf', ['CLK_TCK'])).out.trim();
+  if (Number(ticks) !== CLOCK_TICKS) throw new Error(`CLK_TCK is ${ticks}, the bench assumes ${CLOCK_TICKS}`);
+  for (const b of ['iperf3', 'ab', 'socat', 'stunnel4', 'wireguard-go', 'wg', 'nft', 'ping']) {
+    if ((await run('sh', ['-c', `command -v ${b}`])).code !== 0)
+      throw new Error(`missing ${b}: run ${join(ANCHORS, 'install-deps.sh')}`);
+  }
+  for (const p of S.paths)
+    if (!['direct', 'wg', 'stunnel', 'socat', 'kcp-aes-w', 'kcp-none-w', 'mesh'].includes(p))
+      throw new Error(`unknown path ${p}`);
+  mkdirSync(RAW, { recursive: true });
+  const envInfo = await environment();
+  const stop = (sig: string) => {
+    log(`${sig}: tearing down`);
+    void cleanup().finally(() => process.exit(130));
+  };
+  process.once('SIGINT', () => stop('SIGINT'));
+  process.once('SIGTERM', () => stop('SIGTERM'));
+  try {
+    await anchors('topology.sh', 'down').catch(() => '');
+    for (const m of [MGMT.ingress, MGMT.exit]) await run('ip', ['link', 'del', m.host]);
+    await anchors('topology.sh', 'up');
+    await anchors('paths.sh', 'services-up');
+    if (S.paths.includes('mesh')) {
+      await mgmtUp();
+      await startAgents();
+      log(`agents up: ingress ${ingress!.peerId}, exit ${exit!.peerId}`);
+    }
+    // The mesh goes last in each rep, so a service never exists while an anchor is measured.
+    const order = [...S.paths.filter((p) => p !== 'mesh'), ...S.paths.filter((p) => p === 'mesh')];
+    for (let rep = 1; rep <= S.reps; rep++) {
+      for (const path of order) {
+        log(`rep ${rep}/${S.reps} path ${path}`);
+        await ensureServices();
+        currentPath = path;
+        try {
+          if (path === 'mesh') await meshUp();
+          else {
+            if ((await meshRules()) !== 0) throw new Error('mesh rules present while measuring an anchor');
+            await anchors('paths.sh', 'up', path);
+          }
+          await measurePath(rep, path);
+        } catch (err) {
+          log(`  path ${path} failed: ${(err as Error).message}`);
+          for (const m of METRICS) {
+            if (!samples.some((s) => s.rep === rep && s.path === path && s.metric === m))
+              samples.push({
+                rep,
+                path,
+                metric: m,
+                value: null,
+                destBytes: 0,
+                tunnelCpuS: null,
+                cpuSPerGB: null,
+                cpuMsPerKConn: null,
+                load: [0, 0],
+                invalid: `path failed: ${(err as Error).message.slice(0, 300)}`,
+              });
+          }
+        } finally {
+          if (path === 'mesh') await meshDown();
+          else await anchors('paths.sh', 'down', path).catch((e: Error) => log(e.message));
+          currentPath = undefined;
+        }
+      }
+    }
+  } finally {
+    await cleanup();
+  }
+  const text = summary();
+  process.stdout.write(`${text}\n`);
+  const file = join(RESULTS, `dataplane-${STAMP}.json`);
+  writeFileSync(file, JSON.stringify({ settings: S, env: envInfo, samples, summary: text }, null, 1));
+  log(`results in ${file} (raw outputs in ${RAW})`);
+}
+
+main().catch(async (err: Error) => {
+  log(`FAILED: ${err.stack ?? err.message}`);
+  await cleanup();
+  process.exit(1);
+});
