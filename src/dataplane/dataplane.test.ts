@@ -495,11 +495,7 @@ describe('DataPlane with a recording kernel: reconciling', { timeout: 60_000 }, 
     assert.equal(kernel.transcript.length, quiet);
   });
 
-  it('repairs a TUN link deleted behind its back (ip link del mesh-tN): the TUN is re-opened', {
-    todo:
-      'BUG: reconcile() keeps the detached Tun in `carried` (nothing re-opens it); diff then wants ' +
-      '`ip link set mesh-tN mtu 1500 up` on a missing device and every reconcile fails for good',
-  }, async () => {
+  it('repairs a TUN link deleted behind its back (ip link del mesh-tN): the TUN is re-opened', async () => {
     const { dp, kernel } = plane(new MemoryNetwork(), LOCAL);
     await dp.start(baseView());
     const old = kernel.tuns.get(TUN1)!;
@@ -547,13 +543,7 @@ describe('DataPlane with a recording kernel: reconciling', { timeout: 60_000 }, 
     assert.deepEqual(refusedTuns(nft).sort(), [TUN1, TUN2].sort());
   });
 
-  it("recovers when an apply fails at a freshly opened TUN's link-up line", {
-    todo:
-      'BUG: a TUN opened in a reconcile whose apply fails before `ip link set mesh-tN mtu 1500 up` ' +
-      'stays down: the next reconcile no longer counts it as just opened, observe() reports it at ' +
-      'mtu 1500 = tunMtu (up/down is not observed), so diff never sets it up and every route add ' +
-      'through it fails with "Device for nexthop is not up", forever',
-  }, async () => {
+  it("recovers when an apply fails at a freshly opened TUN's link-up line", async () => {
     const kernel = newKernel();
     kernel.failOn(`link set ${TUN1} mtu`);
     const { dp } = plane(new MemoryNetwork(), LOCAL, { kernel });

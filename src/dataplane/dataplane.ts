@@ -99,7 +99,7 @@ export class DataPlane {
   private view: DataPlaneView | null = null;
   private readonly slots = new SlotTable();
   private readonly carried = new Map<string, Carried>();
-  /** Counters survive a TUN being re-opened, not the service leaving this agent. */
+  /** Per service, since the agent started: they survive a TUN being re-opened and the service leaving (metrics never go down). */
   private readonly counters = new Map<string, ServiceCounters>();
   private readonly drops = new Map<DropReason, number>();
   private lastPlan: Plan | null = null;
@@ -116,6 +116,8 @@ export class DataPlane {
   private readonly peerIpCache = new Map<string, string[]>();
   /** Peers this agent keeps a tunnel with. */
   private tunnelPeers = new Set<string>();
+  /** TUNs opened since the last successful apply: not yet set up (see reconcile). */
+  private readonly tunsToSetUp = new Set<string>();
 
   constructor(private readonly options: DataPlaneOptions) {
     options.transport.on('message', (peerId, message) => this.fromTunnel(peerId, message));
@@ -179,10 +181,12 @@ export class DataPlane {
     const tunnel = this.options.transport.tunnel(c.service.peerId);
     const hostProblem = this.hostProblems.length > 0 ? this.hostProblems.join('; ') : null;
     const why = problem ?? this.lastError ?? hostProblem;
-    // Up only once the kernel stopped refusing its traffic (the reconcile after the tunnel came up).
+    // Up only once the kernel carries its traffic: applied (a reconcile that opened the TUN may
+    // still be applying) and no longer refused (the reconcile after the tunnel came up).
+    const applied = this.lastPlan?.carried.some((x) => x.serviceId === serviceId) ?? false;
     const refused = this.lastPlanUnreachable.has(serviceId);
     const tunnelState = tunnel?.state ?? 'down';
-    const state = why ? 'error' : tunnelState === 'up' && refused ? 'connecting' : tunnelState;
+    const state = why ? 'error' : tunnelState === 'up' && (refused || !applied) ? 'connecting' : tunnelState;
     return {
       role: c.service.role,
       state,
@@ -265,45 +269,51 @@ export class DataPlane {
       unreachable,
     });
 
+    // Tunnels: one per peer this agent shares a carried service with; first, so that a kernel
+    // failure below does not keep them down too.
+    const peers = new Set(next.carried.map((c) => c.peerId));
+    let newTunnel = false;
+    for (const peerId of peers) {
+      if (!this.tunnelPeers.has(peerId)) newTunnel = true;
+      this.options.transport.ensure(peerId);
+    }
+    for (const peerId of this.tunnelPeers) if (!peers.has(peerId)) this.options.transport.release(peerId);
+    this.tunnelPeers = peers;
+
     // TUNs first: links, routes and rules refer to them.
-    const opened = new Set<string>();
     const wanted = new Map(next.carried.map((c) => [c.serviceId, c]));
     for (const [id, c] of this.carried) {
       const w = wanted.get(id);
       if (!w || w.tun !== c.service.tun || w.peerId !== c.service.peerId || w.role !== c.service.role) {
-        c.tun.close();
-        this.carried.delete(id);
+        this.closeCarried(c);
       } else {
         c.service = w;
       }
     }
-    for (const service of next.carried) {
-      if (this.carried.has(service.serviceId)) continue;
-      const tun = kernel.openTun(service.tun);
-      opened.add(service.tun);
-      let counters = this.counters.get(service.serviceId);
-      if (!counters) {
-        counters = zeroCounters();
-        this.counters.set(service.serviceId, counters);
-      }
-      const carried: Carried = {
-        service,
-        idBytes: uuidBytes(service.serviceId),
-        tun,
-        counters,
-        pending: [],
-        flows: service.role === 'ingress' ? new TcpFlowTable() : null,
-      };
-      tun.onPackets((packets) => this.fromTun(carried, packets));
-      this.carried.set(service.serviceId, carried);
-    }
+    for (const service of next.carried) if (!this.carried.has(service.serviceId)) this.openCarried(service);
 
-    const observed = await kernel.observe();
-    // A freshly opened TUN is down with the default MTU: always set it up.
-    observed.links = observed.links.filter((l) => !opened.has(l.name));
+    let observed = await kernel.observe();
+    // A TUN whose link was deleted behind the agent's back leaves a dead descriptor: open anew.
+    const present = new Set(observed.links.map((l) => l.name));
+    const lost = [...this.carried.values()].filter((c) => !present.has(c.service.tun));
+    if (lost.length > 0) {
+      this.options.logger.warn(
+        { tuns: lost.map((c) => c.service.tun) },
+        'data plane: TUN deleted, re-opening',
+      );
+      for (const c of lost) {
+        this.closeCarried(c);
+        this.openCarried(c.service);
+      }
+      observed = await kernel.observe();
+    }
+    // A TUN is created down with the default MTU, which observe() cannot tell from a configured
+    // one: until an apply has set it up, show it with no MTU so that diff sets it (and up) again.
+    observed.links = observed.links.map((l) => (this.tunsToSetUp.has(l.name) ? { ...l, mtu: 0 } : l));
     const changes = diff(observed, next.kernel, this.nft);
     if (changes.length > 0) {
       await kernel.apply(changes);
+      this.tunsToSetUp.clear();
       if (changes.some((c) => c.op === 'nft')) {
         this.nft = { applied: (await kernel.observe()).nft, appliedFrom: next.kernel.nft };
       }
@@ -328,17 +338,8 @@ export class DataPlane {
       this.options.logger.warn({ problems: host }, 'the host does not forward: carried traffic cannot cross');
     }
     this.hostProblems = host;
-
-    // Tunnels: one per peer this agent shares a carried service with.
-    const peers = new Set(next.carried.map((c) => c.peerId));
-    let newTunnel = false;
-    for (const peerId of peers) {
-      if (!this.tunnelPeers.has(peerId)) newTunnel = true;
-      this.options.transport.ensure(peerId);
-    }
-    for (const peerId of this.tunnelPeers) if (!peers.has(peerId)) this.options.transport.release(peerId);
-    this.tunnelPeers = peers;
-    // A tunnel that was already up before this agent wanted it sends no state event.
+    // A tunnel that was already up before this agent wanted it sends no state event: look again
+    // (after a failure the timer does).
     if (newTunnel) this.again = true;
   }
 
@@ -357,6 +358,32 @@ export class DataPlane {
         "data plane: resetting the service's connections, its tunnel is down",
       );
     }
+  }
+
+  private openCarried(service: CarriedService): void {
+    const tun = this.options.kernel.openTun(service.tun);
+    this.tunsToSetUp.add(service.tun);
+    let counters = this.counters.get(service.serviceId);
+    if (!counters) {
+      counters = zeroCounters();
+      this.counters.set(service.serviceId, counters);
+    }
+    const carried: Carried = {
+      service,
+      idBytes: uuidBytes(service.serviceId),
+      tun,
+      counters,
+      pending: [],
+      flows: service.role === 'ingress' ? new TcpFlowTable() : null,
+    };
+    tun.onPackets((packets) => this.fromTun(carried, packets));
+    this.carried.set(service.serviceId, carried);
+  }
+
+  private closeCarried(c: Carried): void {
+    c.tun.close();
+    this.tunsToSetUp.delete(c.service.tun);
+    this.carried.delete(c.service.serviceId);
   }
 
   private async uplink() {

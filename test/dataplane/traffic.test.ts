@@ -107,7 +107,36 @@ describe('data plane: traffic through a tcp service', { timeout: 600_000 }, () =
 
   async function remoteSeen(host: string): Promise<string> {
     const url = host.includes(':') ? `http://[${host}]:${HTTP}/` : `http://${host}:${HTTP}/`;
-    return (JSON.parse(await curl(url)) as { remote: string }).remote;
+    try {
+      return (JSON.parse(await curl(url)) as { remote: string }).remote;
+    } catch (err) {
+      // What the agents hold at that moment, so that a failure in CI can be understood.
+      const state = async (ns: string) =>
+        [
+          await topo.run(ns, 'ip', ['rule']),
+          await topo.run(ns, 'ip', ['route', 'show', 'table', 'all']).then((r) =>
+            r
+              .split('\n')
+              .filter((l) => l.includes('mesh-'))
+              .join('\n'),
+          ),
+          await topo.run(ns, 'ip', ['-s', 'link']).then((r) => r.split('mesh-').slice(1).join('\n')),
+          await topo.run(ns, 'nft', ['list', 'table', 'inet', 'mesh_agent']).catch((e: Error) => e.message),
+        ].join('\n');
+      const logs = (n: Node) =>
+        n.agent.logs
+          .split('\n')
+          .filter((l) => l.includes('dataplane') || l.includes('tunnel') || l.includes('error'))
+          .slice(-40)
+          .join('\n');
+      const again = await curl(url).then(
+        (r) => `a second try at once worked: ${r}`,
+        (e: Error) => `a second try at once failed too: ${e.message}`,
+      );
+      throw new Error(
+        `${(err as Error).message}\n${again}\n--- ingress\n${await state(topo.ns.ingress)}\n${logs(ingress)}\n--- exit\n${await state(topo.ns.exit)}\n${logs(exit)}`,
+      );
+    }
   }
 
   async function service(node: Node, body: Record<string, unknown>, routes: Record<string, unknown>[]) {
@@ -139,7 +168,7 @@ describe('data plane: traffic through a tcp service', { timeout: 600_000 }, () =
         20_000,
       );
     } catch (err) {
-      const logs = nodes.map((n) => `--- ${n.peerId}\n${n.agent.logs.split('\n').slice(-25).join('\n')}`);
+      const logs = nodes.map((n) => `--- ${n.peerId}\n${n.agent.logs.split('\n').slice(-40).join('\n')}`);
       throw new Error(`${(err as Error).message}\n${logs.join('\n')}`);
     }
   }
@@ -176,8 +205,16 @@ describe('data plane: traffic through a tcp service', { timeout: 600_000 }, () =
   });
 
   it('carries nothing before a service exists: the client cannot reach the destination', async () => {
-    // The baseline the kernel must return to: taken with the agents running and links settled.
-    for (const ns of [topo.ns.ingress, topo.ns.exit, topo.ns.exit2!]) baseline[ns] = await kernelDump(ns);
+    // The baseline the kernel must return to: taken with the agents running and links settled
+    // (IPv6 duplicate address detection done: a tentative address has no local routes yet).
+    for (const ns of [topo.ns.ingress, topo.ns.exit, topo.ns.exit2!]) {
+      await until(
+        `IPv6 addresses of ${ns} settled`,
+        async () => assert.equal(await topo.run(ns, 'ip', ['-6', 'addr', 'show', 'tentative']), ''),
+        10_000,
+      );
+      baseline[ns] = await kernelDump(ns);
+    }
     await assert.rejects(curl(`http://${IP.dest}:${HTTP}/`, ['--max-time', '2']));
     await assert.rejects(topo.run(topo.ns.client, 'ping', ['-c', '1', '-W', '1', IP.dest]));
   });
