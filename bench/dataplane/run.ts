@@ -28,7 +28,11 @@
  * tool outputs and agent logs in bench/results/dataplane-<timestamp>-raw/ (git-ignored).
  * Settings (environment): REPS (3) DURATION (10) AB_C (32) BA_PREFIX (mdb) PATHS ("direct wg
  * stunnel socat mesh") UDP_RATE (0) UDP_LEN (1350) MGMT_INDEX (200) BENCH_SHARED (<repo>/../shared)
- * BENCH_CPU_PROF=1 (agents write --cpu-prof profiles into the raw dir).
+ * BENCH_PERF=1: each mesh measurement runs under `perf record -e cpu-clock -g` on both agents
+ * (started with --perf-basic-prof-only-functions, so JIT frames have names; node 20 refuses
+ * --cpu-prof in NODE_OPTIONS) and `perf report` by DSO and by symbol goes into the raw dir.
+ * BENCH_TUN_TXQLEN=N (experiment, not what the agent does): sets both TUNs' txqueuelen to N once
+ * the service is up (the kernel's default for a TUN is 500 packets).
  */
 import { spawn } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -51,7 +55,8 @@ const S = {
   udpRate: env['UDP_RATE'] || '0',
   udpLen: int(env['UDP_LEN'], 1350),
   mgmtIndex: int(env['MGMT_INDEX'], 200),
-  cpuProf: env['BENCH_CPU_PROF'] === '1',
+  perf: env['BENCH_PERF'] === '1',
+  tunTxqlen: int(env['BENCH_TUN_TXQLEN'], 0),
 };
 const ANCHORS = join(S.shared, 'bench-anchors');
 const TAG = S.prefix.replace(/[^a-zA-Z0-9]/g, '').slice(0, 8) || 'mdb';
@@ -265,7 +270,7 @@ async function startAgents(): Promise<void> {
       listen: `0.0.0.0:${API_PORT}`,
       apiHost: mgmtIp,
       extraArgs: ['--advertise', `${advertise}:${API_PORT}`, '--dataplane', 'on'],
-      env: S.cpuProf ? { NODE_OPTIONS: `--cpu-prof --cpu-prof-dir=${join(RAW, 'cpuprof')}` } : {},
+      env: S.perf ? { NODE_OPTIONS: '--perf-basic-prof-only-functions' } : {},
     });
     return bootstrapNode(agent, vendor, license);
   };
@@ -285,7 +290,29 @@ interface MeshCounters {
   packets_received: number;
   dropped: number;
   state: string;
+  interface: string | null;
 }
+
+/** Kernel counters of a TUN: tx = towards the agent (tx_dropped: the agent did not read in time). */
+async function tunStats(ns: string, dev: string | null) {
+  if (!dev) return { txPackets: 0, txDropped: 0, rxPackets: 0, rxDropped: 0 };
+  const r = await must('ip', ['-n', ns, '-j', '-s', 'link', 'show', dev]);
+  type Dir = { packets: number; dropped: number };
+  const s = (JSON.parse(r) as { stats64: { rx: Dir; tx: Dir } }[])[0]!.stats64;
+  return {
+    txPackets: s.tx.packets,
+    txDropped: s.tx.dropped,
+    rxPackets: s.rx.packets,
+    rxDropped: s.rx.dropped,
+  };
+}
+type TunStats = Awaited<ReturnType<typeof tunStats>>;
+const tunDelta = (a: TunStats, b: TunStats): TunStats => ({
+  txPackets: b.txPackets - a.txPackets,
+  txDropped: b.txDropped - a.txDropped,
+  rxPackets: b.rxPackets - a.rxPackets,
+  rxDropped: b.rxDropped - a.rxDropped,
+});
 
 async function meshCounters(node: Node, id: string): Promise<MeshCounters> {
   const res = await node.agent.client.get(`/v1/services/${id}`, { token: node.token });
@@ -340,6 +367,14 @@ async function meshUp(): Promise<void> {
   const ping = await inNs(NS.client, 'ping', ['-c', '1', '-W', '3', IP.dest], 10_000);
   if (ping.code !== 0) throw new Error(`mesh: client cannot reach dest: ${ping.out}${ping.err}`);
   const c = await meshCounters(a, id);
+  if (S.tunTxqlen) {
+    const x = await meshCounters(b, id);
+    for (const [ns, dev] of [
+      [NS.ingress, c.interface],
+      [NS.exit, x.interface],
+    ] as const)
+      if (dev) await must('ip', ['-n', ns, 'link', 'set', dev, 'txqueuelen', String(S.tunTxqlen)]);
+  }
   if (c.packets_sent < 1) throw new Error(`mesh: the ping did not enter the tunnel: ${JSON.stringify(c)}`);
 }
 
@@ -356,6 +391,46 @@ async function meshDown(): Promise<void> {
   });
 }
 
+// --- profiling ---------------------------------------------------------------------------------
+
+function perfStart(file: string, pids: number[]) {
+  const p = spawn(
+    'perf',
+    ['record', '-q', '-e', 'cpu-clock', '-F', '499', '-g', '-o', file, '-p', pids.join(',')],
+    {
+      stdio: 'ignore',
+    },
+  );
+  return { p, file, done: new Promise<void>((r) => p.on('close', () => r())) };
+}
+
+async function perfStop(perf: ReturnType<typeof perfStart>): Promise<void> {
+  perf.p.kill('SIGINT');
+  const timer = setTimeout(() => perf.p.kill('SIGKILL'), 10_000);
+  await perf.done;
+  clearTimeout(timer);
+  for (const sort of ['comm,dso', 'dso,sym']) {
+    const r = await run(
+      'perf',
+      [
+        'report',
+        '-i',
+        perf.file,
+        '--stdio',
+        '--no-children',
+        '-g',
+        'none',
+        '--percent-limit',
+        '0.5',
+        '--sort',
+        sort,
+      ],
+      120_000,
+    );
+    writeFileSync(`${perf.file}.${sort.replace(',', '-')}.txt`, r.out + r.err);
+  }
+}
+
 // --- one measurement ---------------------------------------------------------------------------
 
 interface Sample extends Figure {
@@ -369,7 +444,15 @@ interface Sample extends Figure {
   cpuSPerGB: number | null;
   cpuMsPerKConn: number | null;
   /** Mesh only: the ingress's tunnel counters over the measurement. */
-  mesh?: { bytesSent: number; bytesReceived: number; dropped: number; exitDropped: number };
+  mesh?: {
+    bytesSent: number;
+    bytesReceived: number;
+    dropped: number;
+    exitDropped: number;
+    /** The TUNs' kernel counters over the measurement (tx = packets offered to the agent). */
+    ingressTun: TunStats;
+    exitTun: TunStats;
+  };
   /** Anchors only: CPU seconds the two idle agents used meanwhile (their disturbance). */
   agentIdleCpuS?: number;
   load: [number, number];
@@ -392,8 +475,12 @@ async function measure(rep: number, path: string, metric: Metric, fn: () => Prom
   const bytes0 = await destBytes();
   const m0 = isMesh ? await meshCounters(ingress!, serviceId!) : undefined;
   const x0 = isMesh ? await meshCounters(exit!, serviceId!) : undefined;
+  const ti0 = isMesh ? await tunStats(NS.ingress, m0!.interface) : undefined;
+  const te0 = isMesh ? await tunStats(NS.exit, x0!.interface) : undefined;
   const load0 = loadavg()[0]!;
+  const perf = S.perf && isMesh ? perfStart(join(RAW, `perf-r${rep}-${metric}.data`), pids) : undefined;
   const fig = await fn();
+  if (perf) await perfStop(perf);
   const cpu = pids.length ? cpuSeconds(pids, children) - cpu0 : null;
   const bytes = (await destBytes()) - bytes0;
   const s: Sample = {
@@ -417,6 +504,8 @@ async function measure(rep: number, path: string, metric: Metric, fn: () => Prom
       bytesReceived: m1.bytes_received - m0!.bytes_received,
       dropped: m1.dropped - m0!.dropped,
       exitDropped: x1.dropped - x0!.dropped,
+      ingressTun: tunDelta(ti0!, await tunStats(NS.ingress, m1.interface)),
+      exitTun: tunDelta(te0!, await tunStats(NS.exit, x1.interface)),
     };
     // Half of what dest saw (its veth counts Ethernet headers, the tunnel IP bytes) is a loose
     // but sure sign that the traffic crossed the tunnel rather than the kernel's direct route.
@@ -431,6 +520,9 @@ async function measure(rep: number, path: string, metric: Metric, fn: () => Prom
     fig.retransmits !== undefined ? `retr ${fig.retransmits}` : '',
     s.cpuSPerGB !== null ? `${s.cpuSPerGB.toFixed(2)} CPU s/GB` : '',
     s.cpuMsPerKConn !== null ? `${s.cpuMsPerKConn.toFixed(0)} CPU ms/1k conn` : '',
+    s.mesh
+      ? `TUN drops ingress ${s.mesh.ingressTun.txDropped}/${s.mesh.ingressTun.txPackets}, exit ${s.mesh.exitTun.txDropped}/${s.mesh.exitTun.txPackets}`
+      : '',
     s.invalid ? `INVALID: ${s.invalid}` : '',
   ]
     .filter(Boolean)
