@@ -34,6 +34,9 @@ import { forwardingProblems } from './requirements.js';
 import { SlotTable } from './slots.js';
 import { TcpFlowTable } from './tcp-flows.js';
 
+/** How long a peer name's DNS answer is used before it is looked up again. */
+const PEER_NAME_TTL_MS = 60_000;
+
 export interface DataPlaneView {
   localPeerId: string;
   services: readonly PlanService[];
@@ -113,7 +116,7 @@ export class DataPlane {
   private hostProblems: string[] = [];
   private readonly flushQueue = new Set<Carried>();
   private flushScheduled = false;
-  private readonly peerIpCache = new Map<string, string[]>();
+  private readonly peerIpCache = new Map<string, { ips: string[]; at: number }>();
   /** Peers this agent keeps a tunnel with. */
   private tunnelPeers = new Set<string>();
   /** TUNs opened since the last successful apply: not yet set up (see reconcile). */
@@ -393,7 +396,11 @@ export class DataPlane {
     return found && found.dev === parent ? found : { dev: parent, gateway4: null, gateway6: null };
   }
 
-  /** Peer hosts as IP addresses (names resolved, cached: a changing DNS answer is not followed). */
+  /**
+   * Peer hosts as IP addresses. Names are resolved again once their answer is a minute old (the
+   * reconcile timer then puts a changed answer into the exclusion rules); a failed lookup keeps
+   * the last answer, so a DNS outage never drops a peer's exclusion and with it the cluster.
+   */
   private async peerIps(peers: DataPlaneView['peers']): Promise<string[]> {
     const out: string[] = [];
     for (const p of peers) {
@@ -403,13 +410,14 @@ export class DataPlane {
         out.push(host);
         continue;
       }
-      let ips = this.peerIpCache.get(host);
-      if (!ips) {
+      const cached = this.peerIpCache.get(host);
+      let ips = cached?.ips ?? [];
+      if (!cached || Date.now() - cached.at > PEER_NAME_TTL_MS) {
         try {
           ips = (await lookup(host, { all: true })).map((a) => a.address);
-          this.peerIpCache.set(host, ips);
+          this.peerIpCache.set(host, { ips, at: Date.now() });
         } catch {
-          ips = [];
+          // Keep what was known (if anything); tried again at the next reconcile.
         }
       }
       out.push(...ips);
