@@ -2,6 +2,7 @@ import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { createPublicKey, generateKeyPairSync, X509Certificate } from 'node:crypto';
 import { describe, it } from 'node:test';
+import { ecdsaCertificate } from '../../test/helpers/ecdsa-certificate.js';
 import { certifiedKey, selfSignedCertificate } from './tunnel-certificate.js';
 
 const rawOf = (key: ReturnType<typeof generateKeyPairSync>['privateKey']) =>
@@ -42,26 +43,7 @@ describe('tunnel certificate', () => {
     const der = new X509Certificate(selfSignedCertificate(privateKey, 'x')).raw;
     der[der.length - 1]! ^= 0x01;
     assert.equal(certifiedKey(new X509Certificate(der)), undefined);
-    const pem = execFileSync(
-      'openssl',
-      [
-        'req',
-        '-x509',
-        '-newkey',
-        'ec',
-        '-pkeyopt',
-        'ec_paramgen_curve:prime256v1',
-        '-nodes',
-        '-subj',
-        '/CN=ec',
-      ],
-      {
-        encoding: 'utf8',
-        stdio: ['ignore', 'pipe', 'ignore'],
-        env: { ...process.env, OPENSSL_CONF: '/dev/null' },
-      },
-    );
-    const ec = new X509Certificate(pem.slice(pem.indexOf('-----BEGIN CERTIFICATE-----')));
+    const ec = new X509Certificate(ecdsaCertificate('ec').cert);
     assert.ok(ec.verify(ec.publicKey), 'a valid self-signed ECDSA certificate');
     assert.equal(certifiedKey(ec), undefined);
     assert.equal(certifiedKey(undefined), undefined);

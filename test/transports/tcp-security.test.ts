@@ -5,7 +5,6 @@
  * upgrade. Each refusal is counted by reason in faults().
  */
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
 import { createPublicKey, generateKeyPairSync, type KeyObject } from 'node:crypto';
 import { once } from 'node:events';
 import http from 'node:http';
@@ -19,6 +18,7 @@ import { StaticPeerDirectory } from '../../src/transports/static-directory.js';
 import { TcpTransport, type TcpTransportOptions } from '../../src/transports/tcp.js';
 import type { FaultReason } from '../../src/transports/tunnel.js';
 import { selfSignedCertificate } from '../../src/transports/tunnel-certificate.js';
+import { ecdsaCertificate } from '../helpers/ecdsa-certificate.js';
 import { FaultProxy } from './fault-proxy.js';
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -418,32 +418,7 @@ describe('tcp transport security', { timeout: 120_000 }, () => {
     await within('closed (no certificate)', none.closed);
     assert.equal(faultsOf(b).certificate, 1);
     // An ECDSA certificate and key, made by the openssl CLI.
-    const pem = execFileSync(
-      'openssl',
-      [
-        'req',
-        '-x509',
-        '-newkey',
-        'ec',
-        '-pkeyopt',
-        'ec_paramgen_curve:prime256v1',
-        '-nodes',
-        '-subj',
-        '/CN=ecdsa',
-        '-days',
-        '1',
-        '-keyout',
-        '-',
-        '-out',
-        '-',
-      ],
-      { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] },
-    );
-    const ecKey = pem.slice(
-      pem.indexOf('-----BEGIN PRIVATE KEY-----'),
-      pem.indexOf('-----END PRIVATE KEY-----') + 25,
-    );
-    const ecCert = pem.slice(pem.indexOf('-----BEGIN CERTIFICATE-----'));
+    const { key: ecKey, cert: ecCert } = ecdsaCertificate('ecdsa');
     const ec = await rawClient(b.port, {}, { key: ecKey, cert: ecCert });
     await within('closed (ECDSA)', ec.closed);
     assert.equal(faultsOf(b).certificate, 2);
