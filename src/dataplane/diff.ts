@@ -25,7 +25,7 @@ export function ruleKey(r: RuleSpec): string {
 
 export function routeKey(r: RouteSpec): string {
   const c = canonicalRoute(r);
-  return JSON.stringify([c.family, c.table, c.dst, c.dev, c.via ?? null]);
+  return JSON.stringify([c.family, c.table, c.dst, c.dev, c.via ?? null, c.type ?? null]);
 }
 
 export function addressKey(a: AddressSpec): string {

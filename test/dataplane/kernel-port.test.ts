@@ -153,6 +153,9 @@ const ROUTES = [
   route(6, 52007, 'fd04::5/64', 'mesh-t7'), // IPv6 host bits: the kernel clears them
   route(6, 52003, 'fd02::/64', 'mesh-m3', 'fd00:91:2::1'),
   route(6, 52003, 'default', 'mesh-m3', 'fe80::1'),
+  // Where TPROXY's marked packets go: delivered to this host.
+  { family: 4, table: 60192, dst: 'default', dev: 'lo', type: 'local' } as RouteSpec,
+  { family: 6, table: 60192, dst: 'default', dev: 'lo', type: 'local' } as RouteSpec,
 ];
 const MARK = { value: 0x70000, mask: 0x0fff_0000 };
 const RULES = [
@@ -624,16 +627,18 @@ describe('kernel port: RecordingKernel and LinuxKernel on one scenario', { timeo
       'ip -4 rule del pref 22004',
       'ip -4 rule del pref 22030',
       'ip -4 route flush table 52009',
+      'ip -4 route flush table 60192',
       'ip -6 rule del pref 21000',
       'ip -6 rule del pref 21100',
       'ip -6 rule del pref 21200',
       'ip -6 rule del pref 22001',
+      'ip -6 route flush table 60192',
       'nft table inet mesh_agent {}',
       'nft delete table inet mesh_agent',
       'ip link del mesh-t8',
       'ip link del mesh-m3',
     ]);
     await fake.flush();
-    assert.equal(fake.transcript.length, from + 18);
+    assert.equal(fake.transcript.length, from + 20);
   });
 });

@@ -114,6 +114,7 @@ export function canonicalRule(r: RuleSpec): RuleSpec {
 export function canonicalRoute(r: RouteSpec): RouteSpec {
   const out: RouteSpec = { family: r.family, table: r.table, dst: canonicalDst(r.dst), dev: r.dev };
   if (r.via !== undefined) out.via = canonicalIp(r.via);
+  if (r.type !== undefined) out.type = r.type;
   return out;
 }
 

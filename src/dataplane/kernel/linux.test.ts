@@ -103,7 +103,15 @@ describe('LinuxKernel parsing', () => {
     );
     assert.equal(parseRoute(4, { dst: '10.3.0.0/16', dev: 'eth0' }), undefined); // main
     assert.equal(parseRoute(4, { dst: '10.3.0.0/16', dev: 'eth0', table: '100' }), undefined);
-    assert.equal(parseRoute(4, { type: '2', dst: '10.9.9.9', dev: 'mesh-m9', table: '52001' }), undefined); // local
+    // A local route (TPROXY's table): numeric type, as `ip -N` prints it.
+    assert.deepEqual(parseRoute(4, { type: '2', dst: 'default', dev: 'lo', table: '60192' }), {
+      family: 4,
+      table: 60192,
+      dst: 'default',
+      dev: 'lo',
+      type: 'local',
+    });
+    assert.equal(parseRoute(4, { type: '3', dst: '10.9.9.9', dev: 'mesh-m9', table: '52001' }), undefined); // broadcast
     assert.equal(
       parseRoute(6, { dst: 'fe80::/64', dev: 'mesh-m3', table: '52001', protocol: '2' }),
       undefined,

@@ -150,15 +150,18 @@ export function parseRule(family: Family, r: IpRule): RuleSpec | undefined {
 
 /**
  * A route of `ip -N -j route show table all` in canonical form, or undefined when it is not one
- * the agent could have made: not unicast, added by the kernel, multipath, or without a device.
+ * the agent could have made: neither unicast nor local, added by the kernel, multipath, or
+ * without a device.
  */
 export function parseRoute(family: Family, r: IpRoute): RouteSpec | undefined {
   if (r.table === undefined || !/^\d+$/.test(r.table) || !isOwnedTable(Number(r.table))) return undefined;
-  if (r.type !== undefined && r.type !== 'unicast' && r.type !== '1') return undefined;
+  const local = r.type === 'local' || r.type === '2';
+  if (r.type !== undefined && r.type !== 'unicast' && r.type !== '1' && !local) return undefined;
   if (r.protocol === 'kernel' || r.protocol === '2') return undefined;
   if (r.dev === undefined || r.nexthops !== undefined) return undefined;
   const route: RouteSpec = { family, table: Number(r.table), dst: canonicalDst(r.dst), dev: r.dev };
   if (r.gateway !== undefined) route.via = canonicalIp(r.gateway);
+  if (local) route.type = 'local';
   return route;
 }
 

@@ -66,6 +66,11 @@ export interface RouteSpec {
   dst: string;
   dev: string;
   via?: string;
+  /**
+   * 'local': deliver to this host whatever the destination (`local default dev lo`, the table
+   * TPROXY's marked packets look up). Absent: an ordinary unicast route.
+   */
+  type?: 'local';
 }
 
 /** The part of the kernel the agent owns, as observed or as desired. */

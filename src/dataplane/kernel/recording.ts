@@ -499,6 +499,7 @@ export class RecordingKernel implements KernelPort {
         x.table === r.table &&
         x.dst === dst &&
         x.dev === r.dev &&
+        x.type === r.type &&
         (r.via === undefined || x.via === r.via),
     );
     if (i < 0) fail('RTNETLINK answers: No such process');

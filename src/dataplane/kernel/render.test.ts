@@ -90,6 +90,11 @@ describe('render', () => {
       ['ip -4 route del 10.2.0.0/16 dev mesh-m3 via 10.91.2.1 table 52003'],
     ],
     [
+      'local route (TPROXY delivery), both ways',
+      { op: 'del', route: { family: 6, table: 60192, dst: 'default', dev: 'lo', type: 'local' } },
+      ['ip -6 route del local default dev lo table 60192'],
+    ],
+    [
       'nft: the table replaced in one transaction',
       { op: 'nft', ruleset: 'chain c {\n\tcounter\n}' },
       [

@@ -135,7 +135,7 @@ export function renderRule(op: 'add' | 'del', r: RuleSpec): Rendered {
 }
 
 export function renderRoute(op: 'add' | 'del', r: RouteSpec): Rendered {
-  let line = `route ${op} ${r.dst} dev ${r.dev}`;
+  let line = `route ${op} ${r.type === 'local' ? 'local ' : ''}${r.dst} dev ${r.dev}`;
   if (r.via !== undefined) line += op === 'add' ? ` via ${r.via} onlink` : ` via ${r.via}`;
   line += ` table ${r.table}`;
   const tool: Tool = r.family === 6 ? 'ip -6' : 'ip -4';
@@ -144,6 +144,7 @@ export function renderRoute(op: 'add' | 'del', r: RouteSpec): Rendered {
   if (r.dst !== 'default') check.cidr('destination', r.dst, r.family);
   check.name('device', r.dev);
   if (r.via !== undefined) check.ip('gateway', r.via, r.family);
+  check.need(r.type === undefined || (r.type === 'local' && r.via === undefined), 'type', r.type);
   check.need(isUint(r.table, U32) && r.table > 0, 'table', r.table);
   return { tool, lines: [line] };
 }
