@@ -1,6 +1,14 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { exitTableOf, MARK_MASK, RULE_PREF, tableOf } from './kernel/ownership.js';
+import {
+  AGENT_MARK,
+  exitTableOf,
+  INTERCEPT_MARK,
+  INTERCEPT_TABLE,
+  MARK_MASK,
+  RULE_PREF,
+  tableOf,
+} from './kernel/ownership.js';
 import { compareRoutes, networkOf, type PlanInput, type PlanRoute, type PlanService, plan } from './plan.js';
 
 const ME = 'a'.repeat(32);
@@ -210,5 +218,82 @@ describe('plan: exit', () => {
   it('networkOf masks host bits', () => {
     assert.equal(networkOf('10.91.2.50/24'), '10.91.2.0/24');
     assert.equal(networkOf('fd91:2::50/64'), 'fd91:2::/64');
+  });
+});
+
+describe('plan: TCP interception (TPROXY) for the stream path', () => {
+  const services = [
+    svc(S1, ME, EXIT),
+    svc(S2, OTHER, ME, {
+      requiresInterface: true,
+      desiredIpv4Cidr: '10.91.2.50/24',
+      desiredIpv6Cidr: 'fd91:2::50/64',
+    }),
+  ];
+  const routes = [route(1, S1, 10, null, '10.92.0.0/16')];
+
+  it('without an intercept port, nothing of it is planned', () => {
+    const p = plan(input({ services, routes }));
+    assert.doesNotMatch(p.kernel.nft ?? '', /tproxy|intercept/);
+    assert.equal(
+      p.kernel.rules.some((r) => r.pref === RULE_PREF.INTERCEPT),
+      false,
+    );
+    assert.equal(
+      p.kernel.routes.some((r) => r.type === 'local'),
+      false,
+    );
+  });
+
+  it('marks selected TCP for the listener, delivers marked packets locally, and exempts the agent', () => {
+    const p = plan(input({ services, routes, interceptPort: 7481 }));
+    for (const family of [4, 6] as const) {
+      assert.deepEqual(
+        p.kernel.routes.filter((r) => r.type === 'local' && r.family === family),
+        [{ family, table: INTERCEPT_TABLE, dst: 'default', dev: 'lo', type: 'local' }],
+      );
+      assert.ok(
+        p.kernel.rules.some(
+          (r) =>
+            r.family === family &&
+            r.pref === RULE_PREF.INTERCEPT &&
+            r.fwmark?.value === INTERCEPT_MARK &&
+            r.table === INTERCEPT_TABLE,
+        ),
+      );
+      assert.ok(
+        p.kernel.rules.some(
+          (r) => r.family === family && r.pref === RULE_PREF.EXCLUDE && r.fwmark?.value === AGENT_MARK,
+        ),
+        'the agent own sockets are excluded from selection',
+      );
+    }
+    const nft = p.kernel.nft ?? '';
+    // Only the ingress TUN (slot 1) is intercepted, by the kernel's own route lookup.
+    assert.match(
+      nft,
+      /meta nfproto ipv4 meta l4proto tcp fib daddr oifname \{ "mesh-t1" \} tproxy ip to 127\.0\.0\.1:7481/,
+    );
+    assert.match(
+      nft,
+      /meta nfproto ipv6 meta l4proto tcp fib daddr oifname \{ "mesh-t1" \} tproxy ip6 to \[::1\]:7481/,
+    );
+    assert.doesNotMatch(nft, /oifname \{[^}]*mesh-t2/);
+    assert.match(
+      nft,
+      /type route hook output priority mangle;[\s\S]*meta l4proto tcp oifname \{ "mesh-t1" \} meta mark set 0x10000000/,
+    );
+    // The exit's stream sockets bound to the MACVLAN addresses leave by the MACVLAN's table.
+    assert.ok(p.kernel.rules.some((r) => r.from === '10.91.2.50/32' && r.table === exitTableOf(2)));
+    assert.ok(p.kernel.rules.some((r) => r.from === 'fd91:2::50/128' && r.table === exitTableOf(2)));
+  });
+
+  it('an agent that is only an exit intercepts nothing', () => {
+    const p = plan(input({ services: [services[1]!], routes: [], interceptPort: 7481 }));
+    assert.doesNotMatch(p.kernel.nft ?? '', /tproxy/);
+    assert.equal(
+      p.kernel.routes.some((r) => r.type === 'local'),
+      false,
+    );
   });
 });

@@ -17,7 +17,10 @@
 import { parseCidr } from '../domain/cidr.js';
 import { formatCidr, masked, parseCidrLoose } from './kernel/canonical.js';
 import {
+  AGENT_MARK,
   exitTableOf,
+  INTERCEPT_MARK,
+  INTERCEPT_TABLE,
   MARK_MASK,
   macvlanName,
   markOf,
@@ -64,6 +67,11 @@ export interface PlanInput {
   tunMtu: number;
   /** Services whose tunnel is not up: their TCP gets a reset and the rest an ICMP error. */
   unreachable: ReadonlySet<string>;
+  /**
+   * Port of the agent's TPROXY listener on 127.0.0.1 and ::1: selected TCP is intercepted and
+   * carried as streams. Absent or null: TCP travels as packets like everything else.
+   */
+  interceptPort?: number | null;
 }
 
 export type Role = 'ingress' | 'exit';
@@ -238,13 +246,46 @@ export function plan(input: PlanInput): Plan {
     }
   }
 
+  const intercepting = input.interceptPort != null && slotOfService.size > 0;
+  if (intercepting) {
+    for (const family of FAMILIES) {
+      // The agent's own stream sockets toward destinations are never selected again.
+      rules.push({
+        family,
+        pref: RULE_PREF.EXCLUDE,
+        fwmark: { value: AGENT_MARK, mask: AGENT_MARK },
+        table: 'main',
+      });
+      rules.push({
+        family,
+        pref: RULE_PREF.INTERCEPT,
+        fwmark: { value: INTERCEPT_MARK, mask: INTERCEPT_MARK },
+        table: INTERCEPT_TABLE,
+      });
+      routes.push({ family, table: INTERCEPT_TABLE, dst: 'default', dev: 'lo', type: 'local' });
+    }
+  }
+  if (input.interceptPort != null) {
+    // An exit's stream sockets leave from the MACVLAN address: by the MACVLAN's table.
+    for (const a of addresses) {
+      const c = carried.find((x) => x.macvlan === a.dev);
+      if (!c) continue;
+      const family: Family = a.cidr.includes(':') ? 6 : 4;
+      const host = `${a.cidr.split('/')[0]}/${family === 4 ? 32 : 128}`;
+      rules.push({ family, pref: RULE_PREF.FROM_TUN, from: host, table: exitTableOf(c.slot) });
+    }
+  }
+
   return {
     kernel: {
       links,
       addresses,
       rules,
       routes,
-      nft: carried.length > 0 ? nftRuleset(carried, byId, input.unreachable) : null,
+      nft:
+        carried.length > 0
+          ? nftRuleset(carried, byId, input.unreachable, intercepting ? input.interceptPort! : null)
+          : null,
     },
     carried,
     problems,
@@ -262,6 +303,7 @@ function nftRuleset(
   carried: readonly CarriedService[],
   byId: ReadonlyMap<string, PlanService>,
   unreachable: ReadonlySet<string>,
+  interceptPort: number | null,
 ): string {
   const exits = carried.filter((c) => c.role === 'exit');
   const hex = (n: number) => `0x${n.toString(16).padStart(8, '0')}`;
@@ -295,6 +337,36 @@ function nftRuleset(
           `oifname { ${refused.join(', ')} } meta l4proto tcp reject with tcp reset`,
           `oifname { ${refused.join(', ')} } reject`,
         ];
+  const intercept: string[] = [];
+  const interceptLocal: string[] = [];
+  const ingressTuns = carried.filter((c) => c.role === 'ingress').map((c) => `"${c.tun}"`);
+  if (interceptPort !== null && ingressTuns.length > 0) {
+    const tuns = `{ ${ingressTuns.join(', ')} }`;
+    const mark = hex(INTERCEPT_MARK);
+    const to = { ipv4: `ip to 127.0.0.1:${interceptPort}`, ipv6: `ip6 to [::1]:${interceptPort}` };
+    intercept.push(
+      // Out of a TUN: already carried (exit side, or replies); never intercepted.
+      'iifname "mesh-t*" return',
+      // Packets of connections the listener already accepted.
+      `meta l4proto tcp socket transparent 1 meta mark set ${mark} accept`,
+      // Locally originated TCP, re-routed here through lo by intercept_local (fib sees lo there).
+      ...(['ipv4', 'ipv6'] as const).map(
+        (f) =>
+          `iifname "lo" meta mark & ${mark} == ${mark} meta nfproto ${f} meta l4proto tcp tproxy ${to[f]} accept`,
+      ),
+      // Forwarded TCP that the policy rules would send into an ingress TUN: the same decision,
+      // taken by the kernel's own lookup (fib), so the stream path selects exactly what the packet
+      // path would.
+      ...(['ipv4', 'ipv6'] as const).map(
+        (f) =>
+          `meta nfproto ${f} meta l4proto tcp fib daddr oifname ${tuns} tproxy ${to[f]} meta mark set ${mark} accept`,
+      ),
+    );
+    interceptLocal.push(
+      `meta mark & ${hex(AGENT_MARK)} == ${hex(AGENT_MARK)} return`,
+      `meta l4proto tcp oifname ${tuns} meta mark set ${mark}`,
+    );
+  }
   const chain = (name: string, hook: string, body: string[]) =>
     body.length === 0 ? '' : `  chain ${name} {\n    ${hook}\n${body.map((l) => `    ${l}\n`).join('')}  }\n`;
   return [
@@ -303,6 +375,8 @@ function nftRuleset(
     chain('forward', 'type filter hook forward priority mangle; policy accept;', [
       'oifname "mesh-t*" tcp flags syn tcp option maxseg size set rt mtu',
     ]),
+    chain('intercept', 'type filter hook prerouting priority mangle; policy accept;', intercept),
+    chain('intercept_local', 'type route hook output priority mangle; policy accept;', interceptLocal),
     chain('refuse_forward', 'type filter hook forward priority filter; policy accept;', refuse),
     chain('refuse_output', 'type filter hook output priority filter; policy accept;', refuse),
   ].join('');

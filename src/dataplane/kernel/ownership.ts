@@ -25,11 +25,14 @@ export const tableOf = (slot: number): number => TABLE_BASE + slot;
 export const exitTableOf = (slot: number): number => TABLE_BASE + MAX_SLOT + 1 + slot;
 export const isOwnedTable = (table: number): boolean =>
   table > TABLE_BASE && table <= TABLE_BASE + 2 * (MAX_SLOT + 1);
+/** The table TPROXY's marked packets look up: `local default dev lo`, delivered to the agent. */
+export const INTERCEPT_TABLE = TABLE_BASE + 2 * (MAX_SLOT + 1);
 
 /**
  * Owned policy-rule preferences, in the order they are evaluated:
- * - EXCLUDE: the agent's own traffic (to peer addresses, from its API port) and loopback look up
- *   main first, so even a catch-all route keeps the cluster up;
+ * - EXCLUDE: the agent's own traffic (to peer addresses, from its API port, its marked stream
+ *   sockets) and loopback look up main first, so even a catch-all route keeps the cluster up;
+ * - INTERCEPT: TCP that nftables handed to the agent's TPROXY listener (marked) is delivered here;
  * - REPLY: replies of connections that entered through an exit TUN go back into it (fwmark);
  * - FROM_TUN: packets coming out of one of the agent's TUNs are never selected again (no loops);
  *   at a MACVLAN exit they look up the service's table, which leaves by the MACVLAN;
@@ -37,6 +40,7 @@ export const isOwnedTable = (table: number): boolean =>
  */
 export const RULE_PREF = {
   EXCLUDE: 21_000,
+  INTERCEPT: 21_050,
   REPLY: 21_100,
   FROM_TUN: 21_200,
   ROUTES_FIRST: 22_000,
@@ -48,6 +52,10 @@ export const isOwnedPref = (pref: number): boolean => pref >= RULE_PREF.EXCLUDE 
 export const MARK_SHIFT = 16;
 export const MARK_MASK = 0x0fff_0000;
 export const markOf = (slot: number): number => slot << MARK_SHIFT;
+/** Packets TPROXY hands to the agent's listener (and locally originated TCP re-routed to it). */
+export const INTERCEPT_MARK = 0x1000_0000;
+/** The agent's own outbound stream sockets (SO_MARK): never selected, never intercepted. */
+export const AGENT_MARK = 0x2000_0000;
 
 /** The agent's nftables table (family inet: one ruleset for IPv4 and IPv6). */
 export const NFT_TABLE = 'mesh_agent';
