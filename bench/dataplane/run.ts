@@ -35,7 +35,7 @@
  * the service is up (the kernel's default for a TUN is 500 packets).
  */
 import { spawn } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { AgentProcess } from '../../test/helpers/agent-process.js';
@@ -718,6 +718,8 @@ async function environment(): Promise<Record<string, string>> {
     node: process.version,
     commit: await git('rev-parse', 'HEAD'),
     dirty_src: await git('status', '--porcelain', '--', 'src', 'native'),
+    // The agents run dist/, which the working tree may have moved past since it was compiled.
+    dist_dataplane_mtime: statSync(join(REPO_ROOT, 'dist/src/dataplane/dataplane.js')).mtime.toISOString(),
     iperf3: await pkg('iperf3'),
     'apache2-utils': await pkg('apache2-utils'),
     'wireguard-go': await pkg('wireguard-go'),
