@@ -1,0 +1,777 @@
+// Unit tests of the StreamMux: two muxes joined by the in-memory transport, with real TCP
+// sockets on loopback at both ends (a client -> an "ingress" listener that hands its sockets to
+// carry(), and the exit's connect() -> a destination server). No TPROXY here: the ingress
+// listener is told the destination's address, as the data plane will learn it from the socket.
+import assert from 'node:assert/strict';
+import { createHash, randomBytes } from 'node:crypto';
+import net from 'node:net';
+import { afterEach, describe, it } from 'node:test';
+import { MemoryNetwork, type MemoryTransport, memoryPublicKey } from '../transports/memory.js';
+import { StaticPeerDirectory } from '../transports/static-directory.js';
+import {
+  encodeData,
+  encodeFin,
+  encodeOpen,
+  encodeRst,
+  encodeWindow,
+  MAX_DATA_PAYLOAD,
+  type StreamEnds,
+} from './stream-frames.js';
+import { type Pacer, StreamMux, type StreamMuxOptions } from './streams.js';
+
+// A has the lower id: it dials the tunnel and opens odd stream ids; B opens even ones.
+const A = 'a'.repeat(32);
+const B = 'b'.repeat(32);
+const Z = '0'.repeat(32);
+const SERVICE = '5e5e5e5e-0000-4000-8000-000000000001';
+const OTHER_SERVICE = '5e5e5e5e-0000-4000-8000-000000000002';
+const WINDOW = 256 * 1024;
+
+type Destination = (socket: net.Socket) => void;
+
+interface Side {
+  id: string;
+  mux: StreamMux;
+  transport: MemoryTransport;
+  /** Sockets accepted here are carried to the other side. */
+  ingressPort: number;
+  drains: number;
+  peerDowns: number;
+  /** Messages from the tunnel are dropped before the mux (a silent peer). */
+  deaf: boolean;
+  connects: { serviceId: string; ends: StreamEnds; from: string }[];
+  /** Sockets the exit's connect() opened toward the destination. */
+  exitSockets: net.Socket[];
+}
+
+interface Harness {
+  a: Side;
+  b: Side;
+  network: MemoryNetwork;
+  destinationPort: number;
+  /** Connects a client to a side's ingress listener. */
+  client(side: Side, allowHalfOpen?: boolean): Promise<net.Socket>;
+}
+
+interface SetupOptions {
+  destination: Destination;
+  mux?: Partial<Omit<StreamMuxOptions, 'link' | 'localPeerId'>>;
+  highWaterMark?: number;
+  deadAfterMs?: number;
+}
+
+const cleanups: (() => Promise<void> | void)[] = [];
+afterEach(async () => {
+  for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
+});
+
+async function listen(server: net.Server): Promise<number> {
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return (server.address() as net.AddressInfo).port;
+}
+
+/** Polls a condition every 10 ms; fails after `ms`. */
+async function waitFor(what: string, condition: () => boolean, ms = 5_000): Promise<void> {
+  const deadline = Date.now() + ms;
+  while (!condition()) {
+    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 10));
+  }
+}
+
+function dial(port: number, host: string): Promise<net.Socket> {
+  return new Promise((resolve, reject) => {
+    const socket = net.connect({ port, host, allowHalfOpen: true });
+    socket.once('connect', () => {
+      socket.off('error', reject);
+      resolve(socket);
+    });
+    socket.once('error', reject);
+  });
+}
+
+async function setup(options: SetupOptions): Promise<Harness> {
+  const sockets = new Set<net.Socket>();
+  const track = (socket: net.Socket): net.Socket => {
+    sockets.add(socket);
+    socket.on('error', () => {}); // tests look at errors through close/errorOf
+    socket.once('close', () => sockets.delete(socket));
+    return socket;
+  };
+  const destination = net.createServer({ allowHalfOpen: true }, (socket) =>
+    options.destination(track(socket)),
+  );
+  const destinationPort = await listen(destination);
+  const network = new MemoryNetwork();
+  const directory = new StaticPeerDirectory()
+    .set(A, memoryPublicKey(A), 'a:1')
+    .set(B, memoryPublicKey(B), 'b:1')
+    .set(Z, memoryPublicKey(Z), 'z:1');
+  const servers: net.Server[] = [destination];
+
+  const makeSide = async (id: string, other: string): Promise<Side> => {
+    const transport = network.transport({
+      localPeerId: id,
+      directory,
+      ...(options.highWaterMark ? { highWaterMark: options.highWaterMark } : {}),
+      ...(options.deadAfterMs !== undefined ? { deadAfterMs: options.deadAfterMs } : {}),
+    });
+    const side = {
+      id,
+      transport,
+      drains: 0,
+      peerDowns: 0,
+      deaf: false,
+      connects: [],
+      exitSockets: [],
+    } as unknown as Side;
+    side.mux = new StreamMux({
+      link: { send: (peerId, messages) => transport.tunnel(peerId)?.send(messages) ?? true },
+      localPeerId: id,
+      connect: async (serviceId, ends, from) => {
+        side.connects.push({ serviceId, ends, from });
+        const socket = track(await dial(ends.dstPort, ends.dstAddr));
+        side.exitSockets.push(socket);
+        return socket;
+      },
+      authorize: (peerId, serviceId) => serviceId === SERVICE && peerId === other,
+      ...options.mux,
+    });
+    transport.on('message', (peerId, message) => {
+      if (!side.deaf) side.mux.onMessage(peerId, message);
+    });
+    transport.on('drain', (peerId) => {
+      side.drains++;
+      side.mux.onDrain(peerId);
+    });
+    transport.on('state', (peerId, state) => {
+      if (state === 'up') return;
+      side.peerDowns++;
+      side.mux.peerDown(peerId);
+    });
+    // Without allowHalfOpen, as a careless listener would be: carry() must set it itself.
+    const ingress = net.createServer((socket) => {
+      track(socket);
+      side.mux.carry(other, SERVICE, socket, {
+        family: 4,
+        srcAddr: socket.remoteAddress!,
+        srcPort: socket.remotePort!,
+        dstAddr: '127.0.0.1',
+        dstPort: destinationPort,
+      });
+    });
+    servers.push(ingress);
+    side.ingressPort = await listen(ingress);
+    transport.ensure(other);
+    return side;
+  };
+  const a = await makeSide(A, B);
+  const b = await makeSide(B, A);
+  cleanups.push(async () => {
+    a.mux.close();
+    b.mux.close();
+    await a.transport.close();
+    await b.transport.close();
+    for (const socket of sockets) socket.destroy();
+    await Promise.all(servers.map((s) => new Promise((resolve) => s.close(resolve))));
+  });
+  await waitFor(
+    'the tunnel up',
+    () => a.transport.tunnel(B)?.state === 'up' && b.transport.tunnel(A)?.state === 'up',
+  );
+  return {
+    a,
+    b,
+    network,
+    destinationPort,
+    client: async (side, allowHalfOpen = true) => {
+      const socket = track(await dial(side.ingressPort, '127.0.0.1'));
+      socket.allowHalfOpen = allowHalfOpen;
+      return socket;
+    },
+  };
+}
+
+/** Everything the socket delivers until its end; rejects on an error. */
+function collect(socket: net.Socket): Promise<Buffer> {
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    socket.on('data', (c: Buffer) => chunks.push(c));
+    socket.once('end', () => resolve(Buffer.concat(chunks)));
+    socket.once('error', reject);
+  });
+}
+
+/** The SHA-256 and length of everything the socket delivers until its end. */
+function hashOf(socket: net.Socket): Promise<{ sha: string; bytes: number }> {
+  return new Promise((resolve, reject) => {
+    const hash = createHash('sha256');
+    let bytes = 0;
+    socket.on('data', (c: Buffer) => {
+      hash.update(c);
+      bytes += c.length;
+    });
+    socket.once('end', () => resolve({ sha: hash.digest('hex'), bytes }));
+    socket.once('error', reject);
+  });
+}
+
+/** The error the socket closes with (null: closed cleanly). */
+function errorOf(socket: net.Socket): Promise<NodeJS.ErrnoException | null> {
+  if (socket.destroyed) return Promise.resolve((socket.errored as NodeJS.ErrnoException | null) ?? null);
+  return new Promise((resolve) => {
+    let error: NodeJS.ErrnoException | null = null;
+    socket.once('error', (e: NodeJS.ErrnoException) => {
+      error = e;
+    });
+    socket.once('close', () => resolve(error));
+  });
+}
+
+/** Resolves with the value, or rejects after `ms` (a client must never hang). */
+function within<T>(ms: number, what: string, promise: Promise<T>): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`${what}: nothing after ${ms} ms`)), ms);
+  });
+  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+}
+
+const sha = (b: Buffer): string => createHash('sha256').update(b).digest('hex');
+const echo: Destination = (socket) => socket.pipe(socket);
+
+describe('StreamMux over the memory transport with loopback sockets', { timeout: 60_000 }, () => {
+  it('echoes, connects the exit to the original destination, frees the stream after both FINs', async () => {
+    const h = await setup({ destination: echo });
+    const client = await h.client(h.a);
+    const clientPort = client.localPort;
+    const answer = collect(client);
+    client.end('hello through the mux');
+    assert.equal((await within(5_000, 'echo', answer)).toString(), 'hello through the mux');
+    assert.equal(h.b.connects.length, 1);
+    const connect = h.b.connects[0]!;
+    assert.equal(connect.serviceId, SERVICE);
+    assert.equal(connect.from, A);
+    assert.deepEqual(
+      { family: connect.ends.family, dstAddr: connect.ends.dstAddr, dstPort: connect.ends.dstPort },
+      { family: 4, dstAddr: '127.0.0.1', dstPort: h.destinationPort },
+    );
+    assert.equal(connect.ends.srcPort, clientPort);
+    await waitFor(
+      'streams freed',
+      () => h.a.mux.stats(SERVICE).open === 0 && h.b.mux.stats(SERVICE).open === 0,
+    );
+    for (const side of [h.a, h.b])
+      assert.deepEqual(side.mux.stats(SERVICE), {
+        open: 0,
+        opened: 1,
+        bytesUp: 21,
+        bytesDown: 21,
+        resets: 0,
+        refused: 0,
+      });
+    assert.deepEqual(h.a.mux.drops(), { malformed: 0, unauthorized: 0, unknown_stream: 0, protocol: 0 });
+    assert.deepEqual(h.b.mux.drops(), { malformed: 0, unauthorized: 0, unknown_stream: 0, protocol: 0 });
+    await within(2_000, 'client close', errorOf(client)).then((e) => assert.equal(e, null));
+  });
+
+  it('carries 20 MB each way at once byte-exact (SHA-256), through tunnel back-pressure', async () => {
+    const SIZE = 20 * 1024 * 1024;
+    const up = randomBytes(SIZE);
+    const down = randomBytes(SIZE);
+    let serverGot: Promise<{ sha: string; bytes: number }> | undefined;
+    const h = await setup({
+      highWaterMark: 64 * 1024,
+      destination: (socket) => {
+        serverGot = hashOf(socket);
+        socket.end(down);
+      },
+    });
+    const t0 = performance.now();
+    const client = await h.client(h.a);
+    const clientGot = hashOf(client);
+    client.end(up);
+    const got = await within(40_000, 'client download', clientGot);
+    await waitFor('the server connection', () => serverGot !== undefined);
+    const sent = await within(40_000, 'server upload', serverGot!);
+    const seconds = (performance.now() - t0) / 1000;
+    assert.deepEqual(got, { sha: sha(down), bytes: SIZE });
+    assert.deepEqual(sent, { sha: sha(up), bytes: SIZE });
+    assert.ok(h.a.drains + h.b.drains > 0, 'the tunnel went above its high-water mark at least once');
+    await waitFor(
+      'streams freed',
+      () => h.a.mux.stats(SERVICE).open === 0 && h.b.mux.stats(SERVICE).open === 0,
+    );
+    assert.equal(h.a.mux.stats(SERVICE).bytesUp, SIZE);
+    assert.equal(h.b.mux.stats(SERVICE).bytesDown, SIZE);
+    console.log(
+      `# 2 x 20 MB in ${seconds.toFixed(2)} s (${((2 * SIZE) / 1e6 / seconds).toFixed(0)} MB/s total), drains a=${h.a.drains} b=${h.b.drains}`,
+    );
+  });
+
+  it('runs 50 concurrent streams, half opened by each side (odd and even ids)', async () => {
+    const h = await setup({ destination: echo });
+    const runs = Array.from({ length: 50 }, async (_, i) => {
+      const payload = randomBytes(50_000 + i * 1000);
+      const client = await h.client(i % 2 === 0 ? h.a : h.b);
+      const answer = collect(client);
+      client.end(payload);
+      const got = await answer;
+      assert.equal(sha(got), sha(payload), `stream ${i}`);
+    });
+    await within(30_000, '50 streams', Promise.all(runs));
+    await waitFor(
+      'streams freed',
+      () => h.a.mux.stats(SERVICE).open === 0 && h.b.mux.stats(SERVICE).open === 0,
+    );
+    // Each side counts the 25 it carried and the 25 it accepted.
+    assert.equal(h.a.mux.stats(SERVICE).opened, 50);
+    assert.equal(h.b.mux.stats(SERVICE).opened, 50);
+    assert.equal(h.a.connects.length, 25);
+    assert.equal(h.b.connects.length, 25);
+    assert.equal(h.a.mux.stats(SERVICE).resets + h.b.mux.stats(SERVICE).resets, 0);
+  });
+
+  it('a destination that never reads stalls only its own stream, holding about one window', async () => {
+    const stuck: { socket: net.Socket; first: Buffer }[] = [];
+    const h = await setup({
+      destination: (socket) => {
+        socket.once('data', (first: Buffer) => {
+          if (first.subarray(0, 5).toString() === 'STUCK') {
+            socket.pause();
+            stuck.push({ socket, first });
+          } else {
+            socket.write(first);
+            socket.pipe(socket);
+          }
+        });
+      },
+    });
+    const stuckClient = await h.client(h.a);
+    const stuckPayload = Buffer.concat([Buffer.from('STUCK'), randomBytes(16 * 1024 * 1024)]);
+    stuckClient.write(stuckPayload);
+    // Wait until the stuck stream stops moving: the destination's kernel buffers are full.
+    let last = -1;
+    let still = 0;
+    await waitFor(
+      'the stuck stream to stop',
+      () => {
+        const now = h.a.mux.stats(SERVICE).bytesUp;
+        still = now === last ? still + 1 : 0;
+        last = now;
+        return still >= 10;
+      },
+      15_000,
+    );
+    const stuckBytes = h.a.mux.stats(SERVICE).bytesUp;
+    assert.ok(stuckBytes < 16 * 1024 * 1024, 'the stuck stream did stop');
+    assert.ok(stuckClient.writableLength > 8 * 1024 * 1024, 'back-pressure reached the client');
+
+    const t0 = performance.now();
+    const other = await h.client(h.a);
+    const payload = randomBytes(2 * 1024 * 1024);
+    const answer = collect(other);
+    other.end(payload);
+    const got = await within(15_000, 'the other stream', answer);
+    assert.equal(sha(got), sha(payload));
+    const ms = performance.now() - t0;
+
+    // The stuck stream is still open, has not moved, and the exit holds at most its window.
+    assert.equal(stuck.length, 1);
+    assert.equal(h.a.mux.stats(SERVICE).bytesUp, stuckBytes + payload.length);
+    const exitSocket = h.b.exitSockets[0]!;
+    assert.ok(!exitSocket.destroyed);
+    assert.ok(
+      exitSocket.writableLength <= WINDOW,
+      `the exit holds ${exitSocket.writableLength} bytes for the stuck destination (window ${WINDOW})`,
+    );
+    console.log(
+      `# stuck stream: ${stuckBytes} bytes crossed, exit holds ${exitSocket.writableLength} in userland; other stream 2 MB echoed in ${ms.toFixed(0)} ms`,
+    );
+    // Once the destination reads, the stuck stream finishes intact.
+    const hash = createHash('sha256').update(stuck[0]!.first);
+    let bytes = stuck[0]!.first.length;
+    const socket = stuck[0]!.socket;
+    socket.on('data', (c: Buffer) => {
+      hash.update(c);
+      bytes += c.length;
+    });
+    const ended = new Promise((resolve) => socket.once('end', resolve));
+    socket.resume();
+    stuckClient.end();
+    await within(20_000, 'the stuck stream draining', ended);
+    assert.equal(bytes, stuckPayload.length);
+    assert.equal(hash.digest('hex'), sha(stuckPayload));
+  });
+
+  it('half-close, client first: request and shutdown, the answer comes after the server saw EOF', async () => {
+    const h = await setup({
+      destination: (socket) => {
+        const chunks: Buffer[] = [];
+        socket.on('data', (c: Buffer) => chunks.push(c));
+        socket.once('end', () => socket.end(`answer to ${Buffer.concat(chunks).toString()}`));
+      },
+    });
+    const client = await h.client(h.a);
+    const answer = collect(client);
+    client.write('GET /');
+    client.end(' please');
+    assert.equal((await within(5_000, 'answer', answer)).toString(), 'answer to GET / please');
+    await waitFor(
+      'streams freed',
+      () => h.a.mux.stats(SERVICE).open === 0 && h.b.mux.stats(SERVICE).open === 0,
+    );
+    assert.equal(await within(2_000, 'client close', errorOf(client)), null);
+  });
+
+  it('half-close, destination first: the client still sends after the server ended', async () => {
+    let serverGot: Promise<Buffer> | undefined;
+    const h = await setup({
+      destination: (socket) => {
+        serverGot = collect(socket);
+        socket.end('greeting, I am done talking');
+      },
+    });
+    const client = await h.client(h.a);
+    const greeting = await within(5_000, 'greeting', collect(client));
+    assert.equal(greeting.toString(), 'greeting, I am done talking');
+    // EOF seen; the other direction is still open.
+    client.write('late ');
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    client.end('words');
+    await waitFor('the server connection', () => serverGot !== undefined);
+    assert.equal((await within(5_000, 'late words', serverGot!)).toString(), 'late words');
+    await waitFor(
+      'streams freed',
+      () => h.a.mux.stats(SERVICE).open === 0 && h.b.mux.stats(SERVICE).open === 0,
+    );
+    assert.equal(h.a.mux.stats(SERVICE).resets + h.b.mux.stats(SERVICE).resets, 0);
+  });
+
+  it('a client reset reaches the destination as ECONNRESET', async () => {
+    const servers: net.Socket[] = [];
+    const h = await setup({
+      destination: (socket) => {
+        servers.push(socket);
+        socket.on('data', () => {});
+      },
+    });
+    const client = await h.client(h.a);
+    client.write('x');
+    await waitFor('the server connection', () => servers.length === 1 && servers[0]!.bytesRead === 1);
+    const serverError = errorOf(servers[0]!);
+    client.resetAndDestroy();
+    assert.equal((await within(5_000, 'server reset', serverError))?.code, 'ECONNRESET');
+    assert.equal(h.a.mux.stats(SERVICE).resets, 1);
+    assert.equal(h.b.mux.stats(SERVICE).resets, 1);
+    assert.equal(h.a.mux.stats(SERVICE).open + h.b.mux.stats(SERVICE).open, 0);
+  });
+
+  it('a destination reset reaches the client as ECONNRESET, also while the client only waits', async () => {
+    const servers: net.Socket[] = [];
+    const h = await setup({
+      destination: (socket) => {
+        servers.push(socket);
+        socket.write('hi');
+      },
+    });
+    const client = await h.client(h.a);
+    const clientError = errorOf(client);
+    await new Promise<void>((resolve) => client.once('data', () => resolve()));
+    servers[0]!.resetAndDestroy();
+    assert.equal((await within(5_000, 'client reset', clientError))?.code, 'ECONNRESET');
+    await waitFor(
+      'streams freed',
+      () => h.a.mux.stats(SERVICE).open === 0 && h.b.mux.stats(SERVICE).open === 0,
+    );
+    assert.equal(h.a.mux.stats(SERVICE).resets, 1);
+  });
+
+  it('a destination that refuses: the client gets ECONNRESET, both sides count a refusal', async () => {
+    const closed = net.createServer();
+    const port = await listen(closed);
+    await new Promise((resolve) => closed.close(resolve));
+    const h = await setup({
+      destination: echo,
+      mux: {
+        connect: (_service, ends) => dial(port, ends.dstAddr),
+      },
+    });
+    const client = await h.client(h.a);
+    client.write('anyone?');
+    assert.equal((await within(5_000, 'client reset', errorOf(client)))?.code, 'ECONNRESET');
+    assert.equal(h.a.mux.stats(SERVICE).refused, 1);
+    assert.equal(h.b.mux.stats(SERVICE).refused, 1);
+    assert.equal(h.a.mux.stats(SERVICE).open + h.b.mux.stats(SERVICE).open, 0);
+  });
+
+  it('an exit connect that takes too long: OPEN_FAIL timeout, client reset, the late socket closed', async () => {
+    let late: net.Socket | undefined;
+    let lateConnected = false;
+    const h = await setup({
+      destination: echo,
+      mux: {
+        openTimeoutMs: 200,
+        connect: async (_service, ends) => {
+          await new Promise((resolve) => setTimeout(resolve, 600));
+          late = await dial(ends.dstPort, ends.dstAddr);
+          lateConnected = true;
+          return late;
+        },
+      },
+    });
+    const client = await h.client(h.a);
+    const t0 = performance.now();
+    assert.equal((await within(3_000, 'client reset', errorOf(client)))?.code, 'ECONNRESET');
+    const ms = performance.now() - t0;
+    assert.ok(ms >= 150 && ms < 550, `reset after ${ms.toFixed(0)} ms (timeout 200 ms)`);
+    assert.equal(h.b.mux.stats(SERVICE).refused, 1);
+    await waitFor('the late connect', () => lateConnected);
+    await waitFor('the late socket destroyed', () => late!.destroyed);
+    assert.equal(h.b.mux.stats(SERVICE).open, 0);
+  });
+
+  it('the ingress gives up on a silent exit: RST after the open timeout plus its margin', async () => {
+    const h = await setup({ destination: echo, mux: { openTimeoutMs: 100 } });
+    // B never hears of the OPEN: its messages from A are swallowed.
+    h.b.deaf = true;
+    const client = await h.client(h.a);
+    const t0 = performance.now();
+    assert.equal((await within(8_000, 'client reset', errorOf(client)))?.code, 'ECONNRESET');
+    const ms = performance.now() - t0;
+    assert.ok(ms >= 5_000, `gave up after ${ms.toFixed(0)} ms`);
+    assert.equal(h.a.mux.stats(SERVICE).refused, 1);
+  });
+
+  it('peerDown (the tunnel died) resets every client, downloading or idle, on both sides', async () => {
+    const servers: net.Socket[] = [];
+    const chunk = Buffer.alloc(64 * 1024, 1);
+    const h = await setup({
+      deadAfterMs: 100,
+      destination: (socket) => {
+        servers.push(socket);
+        socket.once('data', (first: Buffer) => {
+          if (first.toString() !== 'download') return;
+          const more = (): void => {
+            while (!socket.destroyed && socket.write(chunk));
+          };
+          socket.on('drain', more);
+          more();
+        });
+      },
+    });
+    const downloads = await Promise.all([h.client(h.a), h.client(h.a)]);
+    const idle = await Promise.all([h.client(h.a), h.client(h.b)]);
+    let downloaded = 0;
+    for (const c of downloads) {
+      c.on('data', (d: Buffer) => {
+        downloaded += d.length;
+      });
+      c.write('download');
+    }
+    for (const c of idle) c.write('idle');
+    await waitFor(
+      'downloads flowing and all connected',
+      () => downloaded > 1_000_000 && servers.length === 4,
+    );
+    const clientErrors = [...downloads, ...idle].map(errorOf);
+    const serverErrors = servers.map(errorOf);
+    h.network.partition(A, B);
+    const errors = await within(5_000, 'client resets', Promise.all(clientErrors));
+    assert.deepEqual(
+      errors.map((e) => e?.code),
+      ['ECONNRESET', 'ECONNRESET', 'ECONNRESET', 'ECONNRESET'],
+    );
+    // The exits reset their destination connections too.
+    const destinationErrors = await within(5_000, 'destination resets', Promise.all(serverErrors));
+    assert.deepEqual(
+      destinationErrors.map((e) => e?.code),
+      ['ECONNRESET', 'ECONNRESET', 'ECONNRESET', 'ECONNRESET'],
+    );
+    assert.ok(h.a.peerDowns > 0 && h.b.peerDowns > 0);
+    assert.equal(h.a.mux.stats(SERVICE).open + h.b.mux.stats(SERVICE).open, 0);
+    assert.equal(h.a.mux.stats(SERVICE).resets + h.b.mux.stats(SERVICE).resets, 8);
+  });
+
+  it('an OPEN from a peer not authorized for the service: OPEN_FAIL, no connect, counted', async () => {
+    const h = await setup({ destination: echo, mux: { authorize: () => false } });
+    const client = await h.client(h.a);
+    client.write('let me in');
+    assert.equal((await within(5_000, 'client reset', errorOf(client)))?.code, 'ECONNRESET');
+    assert.equal(h.b.connects.length, 0);
+    assert.equal(h.b.mux.drops().unauthorized, 1);
+    assert.equal(h.a.mux.stats(SERVICE).refused, 1);
+    // Nothing was created for the refused service on the exit.
+    assert.deepEqual(h.b.mux.stats(SERVICE), {
+      open: 0,
+      opened: 0,
+      bytesUp: 0,
+      bytesDown: 0,
+      resets: 0,
+      refused: 0,
+    });
+  });
+
+  it('garbage and stray frames are counted and change nothing; a live stream carries on', async () => {
+    const h = await setup({ destination: echo });
+    const client = await h.client(h.a);
+    const replies: Buffer[] = [];
+    client.on('data', (c: Buffer) => replies.push(c));
+    client.write('one ');
+    await waitFor('first echo', () => Buffer.concat(replies).toString() === 'one ');
+    const live = 1; // A's first stream id
+    const ends: StreamEnds = { family: 4, srcAddr: '10.0.0.1', srcPort: 1, dstAddr: '10.0.0.2', dstPort: 2 };
+    const before = { ...h.b.mux.drops() };
+    // Undecodable frames of every stream kind.
+    for (let kind = 2; kind <= 8; kind++) {
+      h.b.mux.onMessage(A, Buffer.from([kind]));
+      // (11 bytes after the id would be a valid DATA.)
+      if (kind !== 5)
+        h.b.mux.onMessage(A, Buffer.from([kind, 0, 0, 0, live, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]));
+    }
+    // Frames for streams B does not have (A could send them after a reset crossed).
+    h.b.mux.onMessage(A, encodeData(99, [Buffer.from('zz')], 2));
+    h.b.mux.onMessage(A, encodeWindow(99, 1000));
+    h.b.mux.onMessage(A, encodeFin(99));
+    h.b.mux.onMessage(A, encodeRst(99));
+    // The live stream's id from another peer: not that peer's stream.
+    h.b.mux.onMessage(Z, encodeData(live, [Buffer.from('hijack')], 6));
+    h.b.mux.onMessage(Z, encodeRst(live));
+    // An OPEN with an id of B's own parity.
+    h.b.mux.onMessage(A, encodeOpen(2, SERVICE, WINDOW, ends));
+    // An OPEN for another service.
+    h.b.mux.onMessage(A, encodeOpen(1001, OTHER_SERVICE, WINDOW, ends));
+    const after = h.b.mux.drops();
+    assert.deepEqual(
+      {
+        malformed: after.malformed - before.malformed,
+        unknown_stream: after.unknown_stream - before.unknown_stream,
+        protocol: after.protocol - before.protocol,
+        unauthorized: after.unauthorized - before.unauthorized,
+      },
+      { malformed: 13, unknown_stream: 6, protocol: 1, unauthorized: 1 },
+    );
+    // B answered the stray DATA with RST and the OPEN with OPEN_FAIL: A has neither stream 99
+    // nor 1001, and only counts them.
+    await waitFor('A counts RST 99 and OPEN_FAIL 1001', () => h.a.mux.drops().unknown_stream === 2);
+    // The live stream is untouched.
+    client.end('two');
+    await within(5_000, 'the rest', new Promise((resolve) => client.once('end', resolve)));
+    assert.equal(Buffer.concat(replies).toString(), 'one two');
+    assert.equal(h.a.mux.stats(SERVICE).resets + h.b.mux.stats(SERVICE).resets, 0);
+    assert.equal(h.b.connects.length, 1);
+  });
+
+  it('DATA beyond the granted window is a protocol violation: the stream is reset both ways', async () => {
+    const servers: net.Socket[] = [];
+    const h = await setup({
+      destination: (socket) => servers.push(socket),
+      mux: { initialWindow: 16 * 1024 },
+    });
+    const client = await h.client(h.a);
+    client.write('x');
+    await waitFor('the server connection', () => servers.length === 1 && servers[0]!.bytesRead === 1);
+    const clientError = errorOf(client);
+    const serverError = errorOf(servers[0]!);
+    h.b.mux.onMessage(A, encodeData(1, [Buffer.alloc(20 * 1024)], 20 * 1024));
+    assert.equal((await within(5_000, 'server reset', serverError))?.code, 'ECONNRESET');
+    assert.equal((await within(5_000, 'client reset', clientError))?.code, 'ECONNRESET');
+    assert.equal(h.b.mux.drops().protocol, 1);
+  });
+
+  it('an OPEN reusing an id still in use here resets the stale stream locally and opens the new one', async () => {
+    // Frames come from Z here (as from a peer that restarted): the exit accepts Z for this test.
+    const servers: net.Socket[] = [];
+    const h = await setup({
+      destination: (socket) => servers.push(socket),
+      mux: { authorize: (_peer, serviceId) => serviceId === SERVICE },
+    });
+    const ends: StreamEnds = {
+      family: 4,
+      srcAddr: '127.0.0.1',
+      srcPort: 9,
+      dstAddr: '127.0.0.1',
+      dstPort: h.destinationPort,
+    };
+    h.b.mux.onMessage(Z, encodeOpen(1, SERVICE, WINDOW, ends));
+    await waitFor('the first connection', () => servers.length === 1);
+    await waitFor('stream open', () => h.b.exitSockets.length === 1);
+    const staleError = errorOf(servers[0]!);
+    h.b.mux.onMessage(Z, encodeOpen(1, SERVICE, WINDOW, ends));
+    assert.equal((await within(5_000, 'stale destination reset', staleError))?.code, 'ECONNRESET');
+    await waitFor('the new connection', () => servers.length === 2);
+    assert.equal(h.b.mux.stats(SERVICE).open, 1);
+    assert.equal(h.b.mux.stats(SERVICE).resets, 1);
+    assert.equal(h.b.mux.stats(SERVICE).opened, 2);
+    // The new stream works: DATA from Z reaches the new destination connection.
+    h.b.mux.onMessage(Z, encodeData(1, [Buffer.from('fresh')], 5));
+    await waitFor('data on the new connection', () => servers[1]!.bytesRead === 5);
+  });
+
+  it('the pacer is asked before every DATA, one request per flow at a time, and forgotten at the end', async () => {
+    const requests = { up: 0, down: 0 };
+    const outstanding = new Map<string, boolean>();
+    const forgotten: number[] = [];
+    let maxRequest = 0;
+    const pacer = (direction: 'up' | 'down'): Pacer => ({
+      request: (flowId, bytes, go) => {
+        const key = `${direction} ${flowId}`;
+        assert.ok(!outstanding.get(key), 'one request per flow at a time');
+        outstanding.set(key, true);
+        requests[direction] += bytes;
+        maxRequest = Math.max(maxRequest, bytes);
+        // Half the grants at once (inside request), half later: both must work.
+        const release = (): void => {
+          outstanding.set(key, false);
+          go();
+        };
+        if (bytes % 2 === 0) release();
+        else setTimeout(release, 1);
+      },
+      forget: (flowId) => forgotten.push(flowId),
+    });
+    const h = await setup({
+      destination: echo,
+      mux: { limiter: (serviceId, direction) => (serviceId === SERVICE ? pacer(direction) : null) },
+    });
+    const payload = randomBytes(3 * 1024 * 1024 + 17);
+    const client = await h.client(h.a);
+    const answer = collect(client);
+    client.end(payload);
+    assert.equal(sha(await within(20_000, 'paced echo', answer)), sha(payload));
+    await waitFor(
+      'streams freed',
+      () => h.a.mux.stats(SERVICE).open === 0 && h.b.mux.stats(SERVICE).open === 0,
+    );
+    assert.deepEqual(requests, { up: payload.length, down: payload.length });
+    assert.ok(maxRequest <= MAX_DATA_PAYLOAD);
+    assert.equal(forgotten.length, 2, 'each side forgot its flow');
+  });
+
+  it('closeService resets its streams on both sides and leaves others alone; close() resets the rest', async () => {
+    const h = await setup({ destination: echo });
+    const client = await h.client(h.a);
+    const replies: Buffer[] = [];
+    client.on('data', (c: Buffer) => replies.push(c));
+    client.write('ping');
+    await waitFor('echo', () => Buffer.concat(replies).toString() === 'ping');
+    const clientError = errorOf(client);
+    h.b.mux.closeService(OTHER_SERVICE);
+    assert.equal(h.b.mux.stats(SERVICE).open, 1);
+    h.b.mux.closeService(SERVICE);
+    assert.equal((await within(5_000, 'client reset', clientError))?.code, 'ECONNRESET');
+    assert.equal(h.a.mux.stats(SERVICE).resets, 1);
+    assert.equal(h.a.mux.stats(SERVICE).open, 0);
+
+    const second = await h.client(h.a);
+    second.write('again');
+    await waitFor('second stream open', () => h.b.mux.stats(SERVICE).open === 1);
+    const secondError = errorOf(second);
+    h.a.mux.close();
+    assert.equal((await within(5_000, 'client reset on close', secondError))?.code, 'ECONNRESET');
+    await waitFor('exit freed the stream on RST', () => h.b.mux.stats(SERVICE).open === 0);
+    // A closed mux refuses new streams at once (the client may see it as soon as it connects).
+    const third = net.connect({ port: h.a.ingressPort, host: '127.0.0.1' });
+    assert.equal((await within(5_000, 'refused after close', errorOf(third)))?.code, 'ECONNRESET');
+  });
+});
