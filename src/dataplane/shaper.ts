@@ -20,10 +20,15 @@
  *   64 KiB chunks would get 40 times one reading 1.5 kB). SFQ remembers each flow's finish tag
  *   while the shaper is busy, so byte fairness holds for such flows too, and a flow that asks
  *   rarely is served next (its start tag is the current virtual time). Cost: a binary heap of
- *   the flows that have something waiting, O(log n) per queued grant.
+ *   the flows that have something waiting, O(log n) per queued grant. A request that SFQ would
+ *   serve before the head goes at once if the bucket allows, not at the next timer tick.
  * - One timer at most, armed for when the head request can go; nothing runs between grants.
- * - Unlimited (0 Mbit/s) is one branch on the hot path: request() runs `go` at once, offer()
- *   returns true.
+ *   Timers tick in whole milliseconds, so under contention a flow with one chunk outstanding gets
+ *   at most one chunk per (tick + its read delay): a flow of small chunks is limited by its own
+ *   demand (a socket held back reads bigger chunks, up to 64 KiB, so real flows adapt).
+ * - Unlimited (0 Mbit/s) is a few comparisons on the hot path: request() runs `go` at once,
+ *   offer() returns true. Limited, a request that need not wait costs a clock read, a map
+ *   lookup and its tags (bench/dataplane/shaper-cost.ts).
  *
  * `go` may run synchronously inside request() (when nothing waits and the bucket allows it), and
  * must not throw: the shaper stays consistent if it does, but the error reaches whoever called
