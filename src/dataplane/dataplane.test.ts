@@ -295,7 +295,10 @@ describe('DataPlane with a recording kernel: reconciling', { timeout: 60_000 }, 
     // TUNs set up before the routes through them, rules after routes, the table last.
     assert.deepEqual(
       applied.slice(0, 2).sort(),
-      [`ip link set ${TUN1} mtu 1500 up`, `ip link set ${TUN2} mtu 1500 up`].sort(),
+      [
+        `ip link set ${TUN1} mtu 1500 txqueuelen 1000 up`,
+        `ip link set ${TUN2} mtu 1500 txqueuelen 1000 up`,
+      ].sort(),
     );
     const expected = baseExpected();
     const routeAdds = applied.filter((l) => / route add /.test(l));
@@ -454,7 +457,7 @@ describe('DataPlane with a recording kernel: reconciling', { timeout: 60_000 }, 
     assert.deepEqual(kernel.transcript.slice(mark).sort(), [
       `ip -4 route add default dev ${TUN1} table ${tableOf(SLOT1)}`,
       `ip -6 route add default dev ${TUN1} table ${tableOf(SLOT1)}`,
-      `ip link set ${TUN1} mtu 1500 up`,
+      `ip link set ${TUN1} mtu 1500 txqueuelen 1000 up`,
     ]);
     await assertKernel(kernel, baseExpected());
     assert.equal(dp.status(S1).counters.dropped, 1, 'counters survive the TUN being re-opened');
@@ -581,6 +584,20 @@ describe('DataPlane with a recording kernel: reconciling', { timeout: 60_000 }, 
     await dp.settle();
     assert.deepEqual(dp.problems(), []);
     assert.equal(dp.status(S1).problem, null);
+  });
+
+  it('IPv6 forwarding matters only once a route selects IPv6', async () => {
+    const kernel = newKernel({
+      sysctls: { 'net.ipv4.ip_forward': '1', 'net.ipv6.conf.all.forwarding': '0' },
+    });
+    const { dp } = plane(new MemoryNetwork(), LOCAL, { kernel });
+    await dp.start(baseView()); // IPv4 routes only
+    assert.deepEqual(dp.problems(), []);
+    dp.update(view(LOCAL, baseServices(), [...baseRoutes(), route(2, S1, 100, 'fd92::/64')]));
+    await dp.settle();
+    assert.equal(dp.problems().length, 1);
+    assert.match(dp.problems()[0]!, /net\.ipv6\.conf\.all\.forwarding is 0/);
+    await dp.stop();
   });
 
   it('a MACVLAN exit: the MACVLAN on the uplink with its address and table; without an uplink, a problem', async () => {

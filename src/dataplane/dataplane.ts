@@ -327,14 +327,17 @@ export class DataPlane {
     this.resetConnections(unreachable);
     this.lastError = null;
     const exit = next.carried.some((c) => c.role === 'exit');
+    const v4 = next.families.has(4);
+    const v6 = next.families.has(6);
     const host =
       next.carried.length === 0
         ? []
         : forwardingProblems({
-            ipv4Forward: await kernel.readSysctl('net.ipv4.ip_forward'),
-            ipv6Forward: await kernel.readSysctl('net.ipv6.conf.all.forwarding'),
-            rpFilterAll: exit ? await kernel.readSysctl('net.ipv4.conf.all.rp_filter') : null,
-            rpFilterDefault: exit ? await kernel.readSysctl('net.ipv4.conf.default.rp_filter') : null,
+            // Only the families the services' routes select: an IPv4-only mesh needs no IPv6.
+            ipv4Forward: v4 ? await kernel.readSysctl('net.ipv4.ip_forward') : null,
+            ipv6Forward: v6 ? await kernel.readSysctl('net.ipv6.conf.all.forwarding') : null,
+            rpFilterAll: exit && v4 ? await kernel.readSysctl('net.ipv4.conf.all.rp_filter') : null,
+            rpFilterDefault: exit && v4 ? await kernel.readSysctl('net.ipv4.conf.default.rp_filter') : null,
           });
     // Said once when it appears, not on every reconcile (LESSONS: log floods).
     if (host.join() !== this.hostProblems.join() && host.length > 0) {

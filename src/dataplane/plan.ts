@@ -90,6 +90,8 @@ export interface CarriedService {
 export interface Plan {
   kernel: KernelState;
   carried: CarriedService[];
+  /** The IP families the carried services' routes select (a route without CIDRs: both). */
+  families: ReadonlySet<Family>;
   /** Why a service cannot be carried as asked (e.g. a MACVLAN without a parent), by service id. */
   problems: Map<string, string>;
 }
@@ -276,7 +278,15 @@ export function plan(input: PlanInput): Plan {
     }
   }
 
+  const carriedIds = new Set(carried.map((c) => c.serviceId));
+  const families = new Set<Family>();
+  for (const r of input.routes) {
+    if (!carriedIds.has(r.serviceId)) continue;
+    const only = familyOf(r);
+    for (const f of only === null ? FAMILIES : [only]) families.add(f);
+  }
   return {
+    families,
     kernel: {
       links,
       addresses,

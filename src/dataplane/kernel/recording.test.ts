@@ -52,7 +52,7 @@ describe('RecordingKernel', () => {
       nft: 'chain c {\ncounter\n}',
     });
     assert.deepStrictEqual(k.transcript, [
-      'ip link set mesh-t1 mtu 1400 up',
+      'ip link set mesh-t1 mtu 1400 txqueuelen 1000 up',
       'ip link add link eth0 name mesh-m1 type macvlan mode bridge',
       'ip link set mesh-m1 mtu 1500 up',
       'ip address add 10.91.2.50/24 dev mesh-m1 noprefixroute',
@@ -100,7 +100,7 @@ describe('RecordingKernel', () => {
     [
       'a TUN nobody opened',
       [{ op: 'add', link: T1 }],
-      'ip link set mesh-t1 mtu 1400 up',
+      'ip link set mesh-t1 mtu 1400 txqueuelen 1000 up',
       /Cannot find device "mesh-t1"/,
     ],
     [

@@ -10,7 +10,7 @@ describe('render', () => {
     [
       'TUN add: the device exists, set it up',
       { op: 'add', link: { name: 'mesh-t7', kind: 'tun', mtu: 1400 } },
-      ['ip link set mesh-t7 mtu 1400 up'],
+      ['ip link set mesh-t7 mtu 1400 txqueuelen 1000 up'],
     ],
     ['TUN del', { op: 'del', link: { name: 'mesh-t7', kind: 'tun', mtu: 1400 } }, ['ip link del mesh-t7']],
     [
