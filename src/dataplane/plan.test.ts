@@ -9,7 +9,15 @@ import {
   RULE_PREF,
   tableOf,
 } from './kernel/ownership.js';
-import { compareRoutes, networkOf, type PlanInput, type PlanRoute, type PlanService, plan } from './plan.js';
+import {
+  compareRoutes,
+  networkOf,
+  type PlanInput,
+  type PlanRoute,
+  type PlanService,
+  plan,
+  serviceOfConnection,
+} from './plan.js';
 
 const ME = 'a'.repeat(32);
 const EXIT = 'b'.repeat(32);
@@ -295,5 +303,24 @@ describe('plan: TCP interception (TPROXY) for the stream path', () => {
       p.kernel.routes.some((r) => r.type === 'local'),
       false,
     );
+  });
+});
+
+describe('plan: the service of an intercepted connection', () => {
+  const routes = [
+    route(3, S2, 20, null, '10.92.0.0/16'),
+    route(1, S1, 10, '10.91.1.0/24', '10.92.5.0/24'),
+    route(2, S3, 10, null, '10.92.5.0/24'),
+    route(4, S3, 30, null, null),
+    route(5, S1, 10, null, 'fd92::/64'),
+  ];
+  it('follows the selection order: priority, longer destination, longer source, lower id', () => {
+    assert.equal(serviceOfConnection(routes, '10.91.1.7', '10.92.5.1'), S1); // longer source wins the tie
+    assert.equal(serviceOfConnection(routes, '10.91.9.7', '10.92.5.1'), S3); // S1's source does not hold it
+    assert.equal(serviceOfConnection(routes, '10.91.9.7', '10.92.6.1'), S2);
+    assert.equal(serviceOfConnection(routes, '10.91.9.7', '192.0.2.1'), S3); // the catch-all
+    assert.equal(serviceOfConnection(routes, 'fd91:1::2', 'fd92::1'), S1);
+    assert.equal(serviceOfConnection(routes.slice(0, 3), '10.91.9.7', '192.0.2.1'), null);
+    assert.equal(serviceOfConnection(routes.slice(0, 3), 'fd91:1::2', 'fd92::1'), null); // IPv4 routes only
   });
 });

@@ -392,6 +392,22 @@ function nftRuleset(
   ].join('');
 }
 
+/**
+ * The service an intercepted TCP connection from `src` to `dst` belongs to: that of the first
+ * route, in selection order, whose CIDRs hold both addresses (a missing CIDR holds any address of
+ * either family). The policy rules follow the same order, and TPROXY acts on their verdict (the
+ * fib lookup in nftRuleset), so this names the service whose TUN the connection was bound for.
+ * `routes`: the routes of the services this agent is the ingress of.
+ */
+export function serviceOfConnection(routes: readonly PlanRoute[], src: string, dst: string): string | null {
+  for (const r of [...routes].sort(compareRoutes)) {
+    if (r.sourceCidr !== null && !contains(r.sourceCidr, src)) continue;
+    if (r.destCidr !== null && !contains(r.destCidr, dst)) continue;
+    return r.serviceId;
+  }
+  return null;
+}
+
 /** The network of an interface CIDR: 10.91.2.50/24 -> 10.91.2.0/24. */
 export function networkOf(cidrText: string): string {
   return formatCidr(masked(parseCidrLoose(cidrText)!));
