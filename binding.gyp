@@ -1,11 +1,26 @@
 {
-  # The project's only native code: the TUN addon loaded by src/native/tun.ts.
-  # npm install runs `node-gyp rebuild` for the root package because this file exists and package.json
-  # has no install script; the result is build/Release/mesh_native.node.
+  # The project's native code: the TUN addon loaded by src/native/tun.ts and the socket addon loaded by
+  # src/native/sockets.ts. npm install runs `node-gyp rebuild` for the root package because this file
+  # exists and package.json has no install script; the results are build/Release/mesh_native.node and
+  # build/Release/mesh_sockets.node.
   "targets": [
     {
       "target_name": "mesh_native",
       "sources": ["native/tun.cc"],
+      "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],
+      "defines": [
+        "NAPI_VERSION=8",
+        "NODE_ADDON_API_DISABLE_CPP_EXCEPTIONS",
+        "NODE_ADDON_API_DISABLE_DEPRECATED"
+      ],
+      "cflags_cc": ["-std=c++17", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+      "xcode_settings": { "CLANG_CXX_LANGUAGE_STANDARD": "c++17" }
+    },
+    {
+      # Transparent listeners and marked/transparent connects for the stream path (src/native/sockets.ts).
+      # A target of its own so the TUN addon and this one are loaded and changed independently.
+      "target_name": "mesh_sockets",
+      "sources": ["native/sockets.cc"],
       "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],
       "defines": [
         "NAPI_VERSION=8",
