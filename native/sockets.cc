@@ -374,8 +374,8 @@ class Connect : public Napi::ObjectWrap<Connect> {
       args[1] = Napi::Number::New(env, fd);
     } else {
       close(fd);
-      std::string what = timedOut ? "connect to " + target_ + " timed out after " + std::to_string(timeoutMs_) + " ms"
-                                  : "connect to " + target_ + " failed";
+      std::string what = "connect to " + target_ +
+                         (timedOut ? " timed out after " + std::to_string(timeoutMs_) + " ms" : " failed");
       args[0] = SystemError(env, err, "connect", what).Value();
       args[1] = env.Undefined();
     }
