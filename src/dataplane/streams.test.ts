@@ -58,6 +58,8 @@ interface SetupOptions {
   mux?: Partial<Omit<StreamMuxOptions, 'link' | 'localPeerId'>>;
   highWaterMark?: number;
   deadAfterMs?: number;
+  /** What the link reports as the tunnel's RTT (window auto-tuning); none by default. */
+  rttMs?: number;
 }
 
 const cleanups: (() => Promise<void> | void)[] = [];
@@ -126,7 +128,10 @@ async function setup(options: SetupOptions): Promise<Harness> {
       exitSockets: [],
     } as unknown as Side;
     side.mux = new StreamMux({
-      link: { send: (peerId, messages) => transport.tunnel(peerId)?.send(messages) ?? true },
+      link: {
+        send: (peerId, messages) => transport.tunnel(peerId)?.send(messages) ?? true,
+        ...(options.rttMs ? { rttMs: () => options.rttMs ?? null } : {}),
+      },
       localPeerId: id,
       connect: async (serviceId, ends, from) => {
         side.connects.push({ serviceId, ends, from });
@@ -402,6 +407,90 @@ describe('StreamMux over the memory transport with loopback sockets', { timeout:
     await within(20_000, 'the stuck stream draining', ended);
     assert.equal(bytes, stuckPayload.length);
     assert.equal(hash.digest('hex'), sha(stuckPayload));
+  });
+
+  it('window auto-tuning: a fast stream grows its window, up to maxWindow', async () => {
+    const MAX = 2 * 1024 * 1024;
+    const stops: { socket: net.Socket; read: number }[] = [];
+    const h = await setup({
+      rttMs: 20,
+      mux: { maxWindow: MAX },
+      destination: (socket) => {
+        const entry = { socket, read: 0 };
+        stops.push(entry);
+        // Reads 8 MB fast (the first stream), or nothing at all (the second), then stops.
+        socket.once('data', (first: Buffer) => {
+          if (first.subarray(0, 5).toString() === 'STUCK') {
+            socket.pause();
+            return;
+          }
+          entry.read = first.length;
+          socket.on('data', (c: Buffer) => {
+            entry.read += c.length;
+            if (entry.read >= 8 * 1024 * 1024) socket.pause();
+          });
+        });
+      },
+    });
+    const fast = await h.client(h.a);
+    fast.write(randomBytes(24 * 1024 * 1024));
+    await waitFor(
+      'the fast destination to stop',
+      () => stops.length === 1 && stops[0]!.read >= 8 * 1024 * 1024,
+    );
+    const stuck = await h.client(h.a);
+    stuck.write(Buffer.concat([Buffer.from('STUCK'), randomBytes(8 * 1024 * 1024)]));
+    await waitFor('both exit sockets', () => h.b.exitSockets.length === 2);
+    let last = -1;
+    let still = 0;
+    await waitFor(
+      'both streams to stop',
+      () => {
+        const now = h.a.mux.stats(SERVICE).bytesUp;
+        still = now === last ? still + 1 : 0;
+        last = now;
+        return still >= 10;
+      },
+      15_000,
+    );
+    const [fastExit, stuckExit] = h.b.exitSockets as [net.Socket, net.Socket];
+    console.log(
+      `# exit holds ${fastExit.writableLength} bytes for the fast-then-stuck stream (max window ${MAX}), ${stuckExit.writableLength} for the stuck one (window ${WINDOW})`,
+    );
+    assert.ok(fastExit.writableLength > WINDOW, 'the fast stream window grew');
+    assert.ok(fastExit.writableLength <= MAX, 'and stayed within maxWindow');
+    // The kernel buffers of a destination that never reads take bytes fast at first: it may grow too.
+    assert.ok(stuckExit.writableLength <= MAX);
+  });
+
+  it('window auto-tuning stays within the mux budget: stalled streams hold a window each plus the budget', async () => {
+    const BUDGET = 512 * 1024;
+    const h = await setup({
+      rttMs: 20,
+      mux: { maxWindow: 4 * 1024 * 1024, windowBudget: BUDGET },
+      destination: (socket) => socket.pause(),
+    });
+    const clients = await Promise.all([h.client(h.a), h.client(h.a), h.client(h.a)]);
+    for (const c of clients) c.write(randomBytes(12 * 1024 * 1024));
+    await waitFor('three exit sockets', () => h.b.exitSockets.length === 3);
+    let last = -1;
+    let still = 0;
+    await waitFor(
+      'the streams to stop',
+      () => {
+        const now = h.a.mux.stats(SERVICE).bytesUp;
+        still = now === last ? still + 1 : 0;
+        last = now;
+        return still >= 10;
+      },
+      15_000,
+    );
+    const held = h.b.exitSockets.reduce((sum, s) => sum + s.writableLength, 0);
+    console.log(
+      `# 3 stalled streams: exit holds ${held} bytes (3 windows + budget = ${3 * WINDOW + BUDGET})`,
+    );
+    assert.ok(held > 3 * WINDOW - 3 * MAX_DATA_PAYLOAD, 'they did fill their windows');
+    assert.ok(held <= 3 * WINDOW + BUDGET);
   });
 
   it('half-close, client first: request and shutdown, the answer comes after the server saw EOF', async () => {

@@ -12,7 +12,10 @@
  * stops its client through TCP. So a slow destination stalls only its own stream, end to end,
  * and the bytes one stream holds in the agents stay near one window per direction. When the
  * tunnel itself is above its high-water mark (link.send() false), every socket reading toward
- * that peer pauses until onDrain().
+ * that peer pauses until onDrain(). A stream moves at most a window per round trip, so the
+ * window of a stream whose socket takes its bytes fast grows (autoTune, when the link reports an
+ * RTT), up to maxWindow, within a budget shared by all streams of the mux (what stalled streams
+ * can make the agent hold is bounded: initialWindow each plus the budget).
  *
  * Lifecycle: OPEN -> OPEN_OK | OPEN_FAIL; then DATA/WINDOW both ways; FIN per direction (a
  * half-close: the other direction keeps flowing); the stream is freed once FIN went both ways.
@@ -51,6 +54,11 @@ export type { OpenFailReason, StreamEnds } from './stream-frames.js';
 export interface StreamLink {
   /** Queues the messages in order; false: above the high-water mark, wait for onDrain(peerId). */
   send(peerId: string, messages: Buffer[]): boolean;
+  /**
+   * The tunnel's round-trip time to the peer (Tunnel.stats().lastRttMs), for growing the
+   * windows of fast streams; without it (or null/0) every stream keeps initialWindow.
+   */
+  rttMs?(peerId: string): number | null;
 }
 
 /**
@@ -77,6 +85,13 @@ export interface StreamMuxOptions {
   authorize(peerId: string, serviceId: string): boolean;
   /** Per-stream receive window in bytes, announced to the peer. Default 256 KiB. */
   initialWindow?: number;
+  /**
+   * The most a stream's receive window grows to (window auto-tuning, needs link.rttMs). A
+   * stream moves at most one window per round trip: 256 KiB at 30 ms is 70 Mbit/s. Default 4 MiB.
+   */
+  maxWindow?: number;
+  /** What all streams' windows together may grow beyond initialWindow. Default 32 MiB. */
+  windowBudget?: number;
   /** Exit: connect timeout, then OPEN_FAIL 'timeout'. Default 10 s. */
   openTimeoutMs?: number;
   /** Optional shaping: asked once per stream; 'up' is ingress -> exit, 'down' exit -> ingress. */
@@ -109,6 +124,8 @@ export interface StreamStats {
 export type StreamDropCause = 'malformed' | 'unauthorized' | 'unknown_stream' | 'protocol';
 
 const DEFAULT_WINDOW = 256 * 1024;
+const DEFAULT_MAX_WINDOW = 4 * 1024 * 1024;
+const DEFAULT_WINDOW_BUDGET = 32 * 1024 * 1024;
 const DEFAULT_OPEN_TIMEOUT_MS = 10_000;
 /** The ingress waits this much longer than the exit's open timeout before giving up itself. */
 const INGRESS_GUARD_EXTRA_MS = 5_000;
@@ -139,8 +156,13 @@ class Stream {
   /** A pacer request is outstanding. */
   pacing = false;
   // Peer -> local socket.
+  /** Our receive window now: initialWindow, doubled while the stream consumes it fast enough. */
+  window: number;
   /** Bytes the peer may still send before we grant more. */
   allowance: number;
+  /** Auto-tuning: when the current measuring epoch began, and what was consumed since. */
+  epochStart = performance.now();
+  epochBytes = 0;
   /** Written while the socket's buffer was over its mark: granted at 'drain'. */
   unacked = 0;
   /** Accepted by the socket, not yet granted (grants are batched). */
@@ -157,6 +179,7 @@ class Stream {
     readonly pacer: Pacer | null,
     window: number,
   ) {
+    this.window = window;
     this.allowance = window;
   }
 }
@@ -192,8 +215,10 @@ export class StreamMux {
   private readonly link: StreamLink;
   private readonly localPeerId: string;
   private readonly window: number;
-  /** Grants are sent once this many bytes were accepted (a quarter window: few WINDOW frames). */
-  private readonly grantAt: number;
+  private readonly maxWindow: number;
+  private readonly windowBudget: number;
+  /** Sum over the streams of (window - initialWindow). */
+  private windowGrowth = 0;
   private readonly openTimeoutMs: number;
   private readonly peers = new Map<string, PeerState>();
   private readonly services = new Map<string, StreamStats>();
@@ -212,7 +237,10 @@ export class StreamMux {
     this.window = options.initialWindow ?? DEFAULT_WINDOW;
     if (!Number.isInteger(this.window) || this.window < 1024 || this.window > MAX_WINDOW)
       throw new Error(`initialWindow must be an integer from 1024 to ${MAX_WINDOW}`);
-    this.grantAt = Math.max(1, Math.floor(this.window / 4));
+    this.maxWindow = Math.max(this.window, options.maxWindow ?? DEFAULT_MAX_WINDOW);
+    if (!Number.isInteger(this.maxWindow) || this.maxWindow > MAX_WINDOW)
+      throw new Error(`maxWindow must be an integer up to ${MAX_WINDOW}`);
+    this.windowBudget = options.windowBudget ?? DEFAULT_WINDOW_BUDGET;
     this.openTimeoutMs = options.openTimeoutMs ?? DEFAULT_OPEN_TIMEOUT_MS;
   }
 
@@ -561,12 +589,39 @@ export class StreamMux {
     } else s.unacked += payload.length;
   }
 
+  /** Grants what the socket accepted, in quarter windows (few WINDOW frames). */
   private grant(s: Stream): void {
     // After the peer's FIN nothing more comes: credit would be wasted.
-    if (s.finReceived || s.toGrant < this.grantAt) return;
+    if (s.finReceived || s.toGrant < s.window / 4) return;
+    this.autoTune(s);
     this.enqueue(s.peer, encodeWindow(s.id, s.toGrant));
     s.allowance += s.toGrant;
     s.toGrant = 0;
+  }
+
+  /**
+   * Window auto-tuning (as QUIC implementations do it): a stream that consumed its window in
+   * less than about two round trips was held back by the window, not by its destination (the
+   * bytes counted here are only those its socket accepted), so the window doubles, up to
+   * maxWindow and within the mux's budget. A socket's kernel buffers count as accepting: a
+   * destination that stalls may first have let its stream grow, and then holds up to that window.
+   */
+  private autoTune(s: Stream): void {
+    s.epochBytes += s.toGrant;
+    if (s.epochBytes <= s.window / 2) return;
+    const now = performance.now();
+    const rtt = this.link.rttMs?.(s.peer.id) ?? 0;
+    const fraction = s.epochBytes / s.window;
+    if (rtt && rtt > 0 && s.window < this.maxWindow && now - s.epochStart < 4 * fraction * rtt) {
+      const growth = Math.min(s.window, this.maxWindow - s.window, this.windowBudget - this.windowGrowth);
+      if (growth > 0) {
+        s.toGrant += growth;
+        s.window += growth;
+        this.windowGrowth += growth;
+      }
+    }
+    s.epochStart = now;
+    s.epochBytes = 0;
   }
 
   // --- Ending --------------------------------------------------------------------------------
@@ -591,6 +646,7 @@ export class StreamMux {
     clearTimeout(s.timer);
     if (s.peer.streams.get(s.id) === s) s.peer.streams.delete(s.id);
     s.counters.open--;
+    this.windowGrowth -= s.window - this.window;
     s.pending = [];
     s.pendingBytes = 0;
     s.pacing = false;
