@@ -413,7 +413,7 @@ describe('StreamMux over the memory transport with loopback sockets', { timeout:
     const MAX = 2 * 1024 * 1024;
     const stops: { socket: net.Socket; read: number }[] = [];
     const h = await setup({
-      rttMs: 20,
+      rttMs: 200,
       mux: { maxWindow: MAX },
       destination: (socket) => {
         const entry = { socket, read: 0 };
@@ -466,7 +466,7 @@ describe('StreamMux over the memory transport with loopback sockets', { timeout:
   it('window auto-tuning stays within the mux budget: stalled streams hold a window each plus the budget', async () => {
     const BUDGET = 512 * 1024;
     const h = await setup({
-      rttMs: 20,
+      rttMs: 200,
       mux: { maxWindow: 4 * 1024 * 1024, windowBudget: BUDGET },
       destination: (socket) => socket.pause(),
     });
