@@ -132,6 +132,13 @@ Napi::Value OpenTransparentListener(const Napi::CallbackInfo& info) {
   }
   std::string ip = info[1].IsString() ? info[1].As<Napi::String>().Utf8Value() : "";
   int backlog = info[3].As<Napi::Number>().Int32Value();
+  // Optional 5th argument: SO_MARK of the listener, inherited by every accepted socket, so that
+  // policy routing can tell the agent's own replies to intercepted clients from others' traffic.
+  double mark = info.Length() > 4 && info[4].IsNumber() ? info[4].As<Napi::Number>().DoubleValue() : -1;
+  if (!(mark >= -1 && mark <= 4294967295.0)) {
+    Napi::RangeError::New(env, "mark must be -1 (none) or 0..2^32-1").ThrowAsJavaScriptException();
+    return Napi::Value();
+  }
   SockAddr addr;
   if (!MakeAddr(family, ip, port, &addr)) {
     Napi::TypeError::New(env, "not an IPv" + std::to_string(family) + " address: '" + ip + "'")
@@ -152,6 +159,13 @@ Napi::Value OpenTransparentListener(const Napi::CallbackInfo& info) {
   bool ok = SetInt(fd, SOL_SOCKET, SO_REUSEADDR, 1, "setsockopt(SO_REUSEADDR)", &fail) &&
             (family == 4 || SetInt(fd, IPPROTO_IPV6, IPV6_V6ONLY, 1, "setsockopt(IPV6_V6ONLY)", &fail)) &&
             SetTransparent(fd, family, &fail);
+  if (ok && mark >= 0) {
+    uint32_t m = static_cast<uint32_t>(mark);
+    if (setsockopt(fd, SOL_SOCKET, SO_MARK, &m, sizeof m) != 0) {
+      fail = {errno, "setsockopt(SO_MARK)"};
+      ok = false;
+    }
+  }
   if (ok && bind(fd, addr.get(), addr.length) != 0) {
     fail = {errno, "bind"};
     ok = false;

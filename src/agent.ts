@@ -35,6 +35,7 @@ import { LinuxKernel } from './dataplane/kernel/linux.js';
 import { missingRequirements } from './dataplane/requirements.js';
 import { type Clock, OffsetClock, systemClock } from './domain/clock.js';
 import { generateLicenseKeyPair } from './license/sign.js';
+import { connectNetSocket, openTransparentListener } from './native/sockets.js';
 import { openTun } from './native/tun.js';
 import { loadOrCreateSecretFile, removeStaleTempFiles } from './store/key-files.js';
 import { Store } from './store/store.js';
@@ -327,6 +328,8 @@ async function buildDataPlane(
     logger: log,
     apiPort: config.listenPort || apiPort,
     macvlanParent: config.macvlanParent ?? null,
+    // TCP crosses as streams (TPROXY at the ingress, re-originated at the exit).
+    sockets: { openTransparentListener, connectNetSocket },
   });
   const view = (): DataPlaneView => {
     const state = store.agentState();
@@ -344,6 +347,7 @@ async function buildDataPlane(
         requiresInterface: s.requiresInterface,
         desiredIpv4Cidr: s.desiredIpv4Cidr,
         desiredIpv6Cidr: s.desiredIpv6Cidr,
+        bandwidthLimitMbps: s.bandwidthLimitMbps,
       })),
       routes: services.flatMap((s) => store.routesOf(s.id)),
     };

@@ -275,6 +275,16 @@ export const ServiceDataPlane = Type.Object(
     }),
     packets_received: Type.Integer(),
     dropped: Type.Integer(),
+    streams_open: Type.Integer({ description: 'TCP connections carried as streams now' }),
+    streams_opened: Type.Integer({
+      description: 'TCP connections carried as streams since the agent started',
+    }),
+    stream_bytes_up: Type.Integer({ description: 'stream payload bytes from the ingress to the exit' }),
+    stream_bytes_down: Type.Integer({ description: 'stream payload bytes from the exit to the ingress' }),
+    streams_reset: Type.Integer({
+      description: 'streams ended by a reset (either side, or a tunnel that died)',
+    }),
+    streams_refused: Type.Integer({ description: 'streams whose destination could not be reached' }),
   },
   { description: "this agent's view of the service's data plane (not replicated)" },
 );

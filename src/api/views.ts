@@ -91,5 +91,11 @@ export function dataplaneView(status: ServiceDataPlaneStatus) {
     bytes_received: c.bytesReceived,
     packets_received: c.packetsReceived,
     dropped: c.dropped,
+    streams_open: status.streams.open,
+    streams_opened: status.streams.opened,
+    stream_bytes_up: status.streams.bytesUp,
+    stream_bytes_down: status.streams.bytesDown,
+    streams_reset: status.streams.resets,
+    streams_refused: status.streams.refused,
   };
 }

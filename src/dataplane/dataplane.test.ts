@@ -346,6 +346,7 @@ describe('DataPlane with a recording kernel: reconciling', { timeout: 60_000 }, 
       exit_mode: null,
       interface: TUN1,
       problem: null,
+      streams: { open: 0, opened: 0, bytesUp: 0, bytesDown: 0, resets: 0, refused: 0 },
       counters: { packetsSent: 0, bytesSent: 0, packetsReceived: 0, bytesReceived: 0, dropped: 0 },
     });
     assert.equal(dp.status(S2).role, 'exit');
@@ -405,6 +406,7 @@ describe('DataPlane with a recording kernel: reconciling', { timeout: 60_000 }, 
       exit_mode: null,
       interface: null,
       problem: null,
+      streams: { open: 0, opened: 0, bytesUp: 0, bytesDown: 0, resets: 0, refused: 0 },
       counters: { packetsSent: 0, bytesSent: 0, packetsReceived: 0, bytesReceived: 0, dropped: 0 },
     });
     assert.equal(transport.tunnel(P2), undefined, "the tunnel to the removed service's peer is released");

@@ -15,11 +15,12 @@
  * it carries, to reset their clients when the tunnel dies (tcp-flows.ts).
  */
 import { lookup } from 'node:dns/promises';
-import { isIP } from 'node:net';
+import { createServer, isIP, isIPv6, type Server, type Socket } from 'node:net';
 import type { Logger } from 'pino';
 import { parsePeerAddress } from '../domain/peer-address.js';
 import type { TunnelTransport } from '../transports/tunnel.js';
 import { diff } from './diff.js';
+import { AGENT_MARK } from './kernel/ownership.js';
 import type { KernelPort, Tun } from './kernel/port.js';
 import { decodeMessage, encodePacket, uuidBytes } from './packet-frames.js';
 import {
@@ -29,9 +30,13 @@ import {
   type PlanRoute,
   type PlanService,
   plan,
+  serviceOfConnection,
 } from './plan.js';
 import { forwardingProblems } from './requirements.js';
+import { FairShaper } from './shaper.js';
 import { SlotTable } from './slots.js';
+import { isStreamKind } from './stream-frames.js';
+import { type StreamEnds, StreamMux, type StreamStats } from './streams.js';
 import { TcpFlowTable } from './tcp-flows.js';
 
 /** How long a peer name's DNS answer is used before it is looked up again. */
@@ -55,9 +60,33 @@ export interface DataPlaneOptions {
   macvlanParent: string | null;
   reconcileIntervalMs?: number;
   tunMtu?: number;
+  /**
+   * What carrying TCP as streams needs of the native addon (src/native/sockets.ts): a TPROXY
+   * listener and marked, optionally bound, outbound connections. Absent: TCP travels as packets.
+   */
+  sockets?: StreamSockets;
 }
 
-export type DropReason = 'unauthorized' | 'unknown_service' | 'malformed' | 'tunnel_down' | 'tun_write';
+export interface StreamSockets {
+  openTransparentListener(opts: { family: 4 | 6; address?: string; port: number; mark?: number }): number;
+  connectNetSocket(opts: {
+    family: 4 | 6;
+    address: string;
+    port: number;
+    localAddress?: string;
+    mark?: number;
+    timeoutMs?: number;
+  }): Promise<Socket>;
+}
+
+export type DropReason =
+  | 'unauthorized'
+  | 'unknown_service'
+  | 'malformed'
+  | 'tunnel_down'
+  | 'tun_write'
+  /** Over the service's bandwidth limit with the flow's queue full. */
+  | 'shaped';
 
 export interface ServiceCounters {
   packetsSent: number;
@@ -77,6 +106,8 @@ export interface ServiceDataPlaneStatus {
   interface: string | null;
   problem: string | null;
   counters: ServiceCounters;
+  /** TCP carried as streams (all zero where TCP travels as packets). */
+  streams: StreamStats;
 }
 
 interface Carried {
@@ -88,6 +119,31 @@ interface Carried {
   pending: Buffer[];
   /** Ingress only: its open TCP connections, reset when the tunnel dies (tcp-flows.ts). */
   flows: TcpFlowTable | null;
+  /**
+   * The bandwidth limit of what this agent sends for the service (ingress: up, exit: down),
+   * over its streams and its packets together.
+   */
+  shaper: FairShaper;
+  mbps: number;
+}
+
+/** Packets a flow may have waiting for the bandwidth limit before they are dropped. */
+const SHAPED_QUEUE_BYTES = 64 * 1024;
+/** Packet flows' ids in a shaper, above the stream mux's (which count up from 1). */
+const PACKET_FLOW_BASE = 2 ** 40;
+
+/** A packet's flow (addresses, protocol, ports) as a 32-bit FNV-1a hash, for fair shaping. */
+function packetFlow(p: Buffer): number {
+  const v6 = p[0]! >> 4 === 6;
+  const [from, to, proto, l4] = v6 ? [8, 40, p[6], 40] : [12, 20, p[9], (p[0]! & 0x0f) * 4];
+  let h = 0x811c9dc5;
+  const mix = (b: number) => {
+    h = Math.imul(h ^ b, 0x01000193) >>> 0;
+  };
+  for (let i = from; i < to && i < p.length; i++) mix(p[i]!);
+  mix(proto ?? 0);
+  if (proto === 6 || proto === 17) for (let i = l4; i < l4 + 4 && i < p.length; i++) mix(p[i]!);
+  return h;
 }
 
 const zeroCounters = (): ServiceCounters => ({
@@ -122,13 +178,125 @@ export class DataPlane {
   /** TUNs opened since the last successful apply: not yet set up (see reconcile). */
   private readonly tunsToSetUp = new Set<string>();
 
+  /** TCP carried as streams (null without options.sockets, until start): listeners and the multiplexer. */
+  private streams: {
+    mux: StreamMux;
+    listeners: Server[];
+    /** The listeners' port on 127.0.0.1 and ::1, once listening. */
+    port: number | null;
+  } | null = null;
+
   constructor(private readonly options: DataPlaneOptions) {
     options.transport.on('message', (peerId, message) => this.fromTunnel(peerId, message));
     // A tunnel going up or down changes what is refused (plan.ts, nftRuleset).
-    options.transport.on('state', () => this.schedule());
+    options.transport.on('state', (peerId, state) => {
+      // A dead tunnel resets its streams: their clients see an error, never a hang.
+      if (state !== 'up') this.streams?.mux.peerDown(peerId);
+      this.schedule();
+    });
     options.transport.on('drain', (peerId) => {
       for (const c of this.carried.values()) if (c.service.peerId === peerId) c.tun.resume();
+      this.streams?.mux.onDrain(peerId);
     });
+  }
+
+  private newMux(sockets: StreamSockets, localPeerId: string): StreamMux {
+    const { transport } = this.options;
+    return new StreamMux({
+      localPeerId,
+      link: {
+        rttMs: (peerId) => transport.tunnel(peerId)?.stats().lastRttMs ?? null,
+        // A tunnel that is not up takes nothing; its streams are reset by peerDown.
+        send: (peerId, messages) => {
+          const t = transport.tunnel(peerId);
+          return t?.state === 'up' ? t.send(messages) : true;
+        },
+      },
+      // Each agent limits what it sends of a service (the ingress up, the exit down), streams
+      // and packets in one shaper.
+      limiter: (serviceId) => this.carried.get(serviceId)?.shaper ?? null,
+      authorize: (peerId, serviceId) => {
+        const c = this.carried.get(serviceId);
+        return c?.service.role === 'exit' && c.service.peerId === peerId;
+      },
+      connect: (serviceId, ends) => {
+        const c = this.carried.get(serviceId);
+        if (!c)
+          return Promise.reject(Object.assign(new Error('service not carried'), { code: 'EHOSTUNREACH' }));
+        return sockets.connectNetSocket({
+          family: ends.family,
+          address: ends.dstAddr,
+          port: ends.dstPort,
+          localAddress: this.macvlanAddress(c, ends.family),
+          mark: AGENT_MARK,
+          timeoutMs: 10_000,
+        });
+      },
+    });
+  }
+
+  /** The address a MACVLAN exit's streams leave from, in the family asked for. */
+  private macvlanAddress(c: Carried, family: 4 | 6): string | undefined {
+    if (!c.service.macvlan || !this.lastPlan) return undefined;
+    const a = this.lastPlan.kernel.addresses.find(
+      (x) => x.dev === c.service.macvlan && (family === 6) === x.cidr.includes(':'),
+    );
+    return a?.cidr.split('/')[0];
+  }
+
+  /** Opens the TPROXY listeners on 127.0.0.1 and ::1, one port for both. */
+  private async listen(sockets: StreamSockets): Promise<void> {
+    const streams = this.streams!;
+    const serve = (fd: number) =>
+      new Promise<Server>((resolve, reject) => {
+        const server = createServer({ allowHalfOpen: true, pauseOnConnect: true }, (s) =>
+          this.intercepted(s),
+        );
+        server.once('error', reject);
+        server.listen({ fd }, () => resolve(server));
+      });
+    const v4 = await serve(
+      sockets.openTransparentListener({ family: 4, address: '127.0.0.1', port: 0, mark: AGENT_MARK }),
+    );
+    streams.listeners.push(v4);
+    const port = (v4.address() as { port: number }).port;
+    streams.listeners.push(
+      await serve(sockets.openTransparentListener({ family: 6, address: '::1', port, mark: AGENT_MARK })),
+    );
+    streams.port = port;
+  }
+
+  /** A TCP connection TPROXY handed over: carried to its service's exit as a stream. */
+  private intercepted(socket: Socket): void {
+    const src = socket.remoteAddress;
+    const dst = socket.localAddress;
+    const view = this.view;
+    // A connection made to the listener itself (its own address) is nobody's traffic.
+    if (!src || !dst || !view || dst === '127.0.0.1' || dst === '::1') {
+      socket.destroy();
+      return;
+    }
+    const ingress = new Set(
+      [...this.carried.values()].filter((c) => c.service.role === 'ingress').map((c) => c.service.serviceId),
+    );
+    const serviceId = serviceOfConnection(
+      view.routes.filter((r) => ingress.has(r.serviceId)),
+      src,
+      dst,
+    );
+    const c = serviceId ? this.carried.get(serviceId) : undefined;
+    if (!c || this.options.transport.tunnel(c.service.peerId)?.state !== 'up') {
+      socket.resetAndDestroy();
+      return;
+    }
+    const ends: StreamEnds = {
+      family: isIPv6(dst) ? 6 : 4,
+      srcAddr: src,
+      srcPort: socket.remotePort!,
+      dstAddr: dst,
+      dstPort: socket.localPort!,
+    };
+    this.streams!.mux.carry(c.service.peerId, c.service.serviceId, socket, ends);
   }
 
   /** Removes a crashed predecessor's state, then reconciles and keeps doing so on a timer. */
@@ -141,6 +309,15 @@ export class DataPlane {
       this.options.logger.error({ err }, 'data plane: removing stale kernel state failed');
     }
     this.view = view;
+    if (this.options.sockets) {
+      this.streams = { mux: this.newMux(this.options.sockets, view.localPeerId), listeners: [], port: null };
+      try {
+        await this.listen(this.options.sockets);
+      } catch (err) {
+        // TCP then travels as packets, as without the addon; said once.
+        this.options.logger.error({ err }, 'data plane: no TPROXY listener, TCP is carried as packets');
+      }
+    }
     await this.settle();
     this.timer = setInterval(() => this.schedule(), this.options.reconcileIntervalMs ?? 10_000);
     this.timer.unref();
@@ -164,6 +341,10 @@ export class DataPlane {
     while (this.running) await this.running;
     for (const c of this.carried.values()) c.tun.close();
     this.carried.clear();
+    if (this.streams) {
+      this.streams.mux.close();
+      for (const l of this.streams.listeners) l.close();
+    }
     for (const peerId of this.tunnelPeers) this.options.transport.release(peerId);
     await this.options.kernel.flush();
   }
@@ -179,6 +360,7 @@ export class DataPlane {
         interface: null,
         problem,
         counters: this.counters.get(serviceId) ?? zeroCounters(),
+        streams: this.streamStats(serviceId),
       };
     }
     const tunnel = this.options.transport.tunnel(c.service.peerId);
@@ -197,7 +379,21 @@ export class DataPlane {
       interface: c.service.tun,
       problem: why,
       counters: c.counters,
+      streams: this.streamStats(serviceId),
     };
+  }
+
+  private streamStats(serviceId: string): StreamStats {
+    return (
+      this.streams?.mux.stats(serviceId) ?? {
+        open: 0,
+        opened: 0,
+        bytesUp: 0,
+        bytesDown: 0,
+        resets: 0,
+        refused: 0,
+      }
+    );
   }
 
   dropCounts(): ReadonlyMap<DropReason, number> {
@@ -270,6 +466,7 @@ export class DataPlane {
       uplink,
       tunMtu: this.options.tunMtu ?? 1500,
       unreachable,
+      interceptPort: this.streams?.port ?? null,
     });
 
     // Tunnels: one per peer this agent shares a carried service with; first, so that a kernel
@@ -294,6 +491,14 @@ export class DataPlane {
       }
     }
     for (const service of next.carried) if (!this.carried.has(service.serviceId)) this.openCarried(service);
+    const limits = new Map(view.services.map((s) => [s.id, s.bandwidthLimitMbps ?? 0]));
+    for (const c of this.carried.values()) {
+      const mbps = limits.get(c.service.serviceId) ?? 0;
+      if (mbps !== c.mbps) {
+        c.shaper.setRate(mbps);
+        c.mbps = mbps;
+      }
+    }
 
     let observed = await kernel.observe();
     // A TUN whose link was deleted behind the agent's back leaves a dead descriptor: open anew.
@@ -381,6 +586,8 @@ export class DataPlane {
       counters,
       pending: [],
       flows: service.role === 'ingress' ? new TcpFlowTable() : null,
+      shaper: new FairShaper({ mbps: 0 }),
+      mbps: 0,
     };
     tun.onPackets((packets) => this.fromTun(carried, packets));
     this.carried.set(service.serviceId, carried);
@@ -388,6 +595,8 @@ export class DataPlane {
 
   private closeCarried(c: Carried): void {
     c.tun.close();
+    c.shaper.clear();
+    this.streams?.mux.closeService(c.service.serviceId);
     this.tunsToSetUp.delete(c.service.tun);
     this.carried.delete(c.service.serviceId);
   }
@@ -436,6 +645,10 @@ export class DataPlane {
       this.drop('tunnel_down', c, packets.length);
       return;
     }
+    if (c.mbps > 0) {
+      this.shapedFromTun(c, packets);
+      return;
+    }
     const messages = new Array<Buffer>(packets.length);
     let bytes = 0;
     for (let i = 0; i < packets.length; i++) {
@@ -450,7 +663,44 @@ export class DataPlane {
     if (!tunnel.send(messages)) c.tun.pause();
   }
 
+  /** fromTun under a bandwidth limit: each packet waits its turn (per flow, fairly) or is dropped. */
+  private shapedFromTun(c: Carried, packets: Buffer[]): void {
+    const send = (messages: Buffer[], bytes: number) => {
+      const tunnel = this.options.transport.tunnel(c.service.peerId);
+      if (tunnel?.state !== 'up') {
+        this.drop('tunnel_down', c, messages.length);
+        return;
+      }
+      c.counters.packetsSent += messages.length;
+      c.counters.bytesSent += bytes;
+      if (!tunnel.send(messages)) c.tun.pause();
+    };
+    const now: Buffer[] = [];
+    let bytes = 0;
+    for (const p of packets) {
+      c.flows?.fromClient(p);
+      const message = encodePacket(c.idBytes, p);
+      const verdict = c.shaper.offer(
+        PACKET_FLOW_BASE + packetFlow(p),
+        p.length,
+        () => send([message], p.length),
+        SHAPED_QUEUE_BYTES,
+      );
+      if (verdict === true) {
+        now.push(message);
+        bytes += p.length;
+      } else if (verdict === 'drop') {
+        this.drop('shaped', c, 1);
+      }
+    }
+    if (now.length > 0) send(now, bytes);
+  }
+
   private fromTunnel(peerId: string, message: Buffer): void {
+    if (this.streams && isStreamKind(message[0])) {
+      this.streams.mux.onMessage(peerId, message);
+      return;
+    }
     const decoded = decodeMessage(message);
     if (decoded.kind === 'malformed') {
       this.drop('malformed', undefined, 1);

@@ -80,8 +80,8 @@ export function diff(
   const keptAddresses = observed.addresses.filter((a) => survivors.some((l) => l.name === a.dev));
   for (const address of missing(desired.addresses, keptAddresses, addressKey))
     changes.push({ op: 'add', address });
-  // Routes through a re-created link vanished with it.
-  const keptRoutes = observed.routes.filter((r) => survivors.some((l) => l.name === r.dev));
+  // Routes through a re-created link vanished with it (routes through lo stay).
+  const keptRoutes = observed.routes.filter((r) => !linksToDelete.some((l) => l.name === r.dev));
   for (const route of missing(desired.routes, keptRoutes, routeKey)) changes.push({ op: 'add', route });
   for (const rule of missing(desired.rules, observed.rules, ruleKey)) changes.push({ op: 'add', rule });
   const nftDrifted = observed.nft !== nft.applied;

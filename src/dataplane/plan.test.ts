@@ -271,7 +271,7 @@ describe('plan: TCP interception (TPROXY) for the stream path', () => {
       );
       assert.ok(
         p.kernel.rules.some(
-          (r) => r.family === family && r.pref === RULE_PREF.EXCLUDE && r.fwmark?.value === AGENT_MARK,
+          (r) => r.family === family && r.pref === RULE_PREF.AGENT && r.fwmark?.value === AGENT_MARK,
         ),
         'the agent own sockets are excluded from selection',
       );

@@ -41,6 +41,8 @@ export interface PlanService {
   /** Interface address with prefix, e.g. 10.91.2.50/24. */
   desiredIpv4Cidr: string | null;
   desiredIpv6Cidr: string | null;
+  /** bandwidth_limit_mbps: 0 or absent is unlimited (DECISIONS §6). */
+  bandwidthLimitMbps?: number;
 }
 
 export interface PlanRoute {
@@ -251,10 +253,11 @@ export function plan(input: PlanInput): Plan {
   const intercepting = input.interceptPort != null && slotOfService.size > 0;
   if (intercepting) {
     for (const family of FAMILIES) {
-      // The agent's own stream sockets toward destinations are never selected again.
+      // The agent's own stream sockets (replies to intercepted clients, an exit's connections)
+      // are never selected again.
       rules.push({
         family,
-        pref: RULE_PREF.EXCLUDE,
+        pref: RULE_PREF.AGENT,
         fwmark: { value: AGENT_MARK, mask: AGENT_MARK },
         table: 'main',
       });

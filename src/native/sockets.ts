@@ -29,6 +29,8 @@ export interface TransparentListenerOptions {
   port: number;
   /** listen() backlog; 511 (Node's default) when absent. */
   backlog?: number;
+  /** SO_MARK of the listener, which every accepted socket inherits (needs CAP_NET_ADMIN). */
+  mark?: number;
 }
 
 export interface ConnectOptions {
@@ -63,6 +65,7 @@ interface NativeAddon {
     address: string | null,
     port: number,
     backlog: number,
+    mark: number,
   ) => number;
   Connect?: new (
     family: IpFamily,
@@ -145,7 +148,14 @@ export function openTransparentListener(opts: TransparentListenerOptions): numbe
   checkInteger(opts.port, 0, 65535, 'port');
   const backlog = opts.backlog ?? 511;
   checkInteger(backlog, 0, 65535, 'backlog');
-  return loadAddon().openTransparentListener(opts.family, opts.address ?? null, opts.port, backlog);
+  if (opts.mark !== undefined) checkInteger(opts.mark, 0, 0xffff_ffff, 'mark');
+  return loadAddon().openTransparentListener(
+    opts.family,
+    opts.address ?? null,
+    opts.port,
+    backlog,
+    opts.mark ?? -1,
+  );
 }
 
 function abortError(signal: AbortSignal): Error {

@@ -243,7 +243,7 @@ describe('data plane: traffic through a tcp service', { timeout: 600_000 }, () =
     assert.equal(status.exit_mode, 'nat');
   });
 
-  it('moves 100 MB intact (SHA-256); the underlay shows only the two agents and no payload', async () => {
+  it('moves 100 MB intact (SHA-256) as a stream, not as TUN packets; the underlay shows only the two agents and no payload', async () => {
     const n = 100 * 1024 * 1024;
     const before = await dataplaneOf(ingress, nat);
     const capture = spawnIn(topo.ns.ingress, 'tcpdump', [
@@ -287,10 +287,30 @@ describe('data plane: traffic through a tcp service', { timeout: 600_000 }, () =
     }
     assert.ok(!captured.includes(MARKER), 'no payload marker in clear on the underlay');
     const afterStatus = await dataplaneOf(ingress, nat);
+    const grew = (k: string) => (afterStatus[k] as number) - (before[k] as number);
     assert.ok(
-      (afterStatus.bytes_received as number) - (before.bytes_received as number) >= n,
-      `ingress counted at least the payload from the tunnel: ${JSON.stringify(afterStatus)}`,
+      grew('stream_bytes_down') >= n,
+      `the payload crossed as a stream: ${JSON.stringify(afterStatus)}`,
     );
+    assert.ok(grew('streams_opened') >= 1);
+    // TCP no longer travels as packets: the TUN saw (almost) nothing of the transfer.
+    assert.ok(
+      grew('packets_received') < 100 && grew('packets_sent') < 100,
+      `TUN packet counters stayed flat: ${JSON.stringify({ before, afterStatus })}`,
+    );
+  });
+
+  it('carries TCP that the ingress host itself originates', async () => {
+    const before = await dataplaneOf(ingress, nat);
+    const out = await topo.run(topo.ns.ingress, 'curl', [
+      '-sS',
+      '--max-time',
+      '5',
+      `http://${IP.dest}:${HTTP}/`,
+    ]);
+    assert.equal((JSON.parse(out) as { remote: string }).remote, IP.exitOut);
+    const after = await dataplaneOf(ingress, nat);
+    assert.ok((after.streams_opened as number) > (before.streams_opened as number), JSON.stringify(after));
   });
 
   it('serves 50 concurrent connections', async () => {

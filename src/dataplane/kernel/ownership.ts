@@ -30,12 +30,15 @@ export const INTERCEPT_TABLE = TABLE_BASE + 2 * (MAX_SLOT + 1);
 
 /**
  * Owned policy-rule preferences, in the order they are evaluated:
- * - EXCLUDE: the agent's own traffic (to peer addresses, from its API port, its marked stream
- *   sockets) and loopback look up main first, so even a catch-all route keeps the cluster up;
+ * - EXCLUDE: the agent's own traffic (to peer addresses, from its API port) and loopback look up
+ *   main first, so even a catch-all route keeps the cluster up;
  * - INTERCEPT: TCP that nftables handed to the agent's TPROXY listener (marked) is delivered here;
  * - REPLY: replies of connections that entered through an exit TUN go back into it (fwmark);
  * - FROM_TUN: packets coming out of one of the agent's TUNs are never selected again (no loops);
  *   at a MACVLAN exit they look up the service's table, which leaves by the MACVLAN;
+ * - AGENT: the agent's own stream sockets (SO_MARK AGENT_MARK: replies to intercepted clients,
+ *   connections an exit opens) look up main, after FROM_TUN so that a MACVLAN exit's sockets,
+ *   bound to its address, still leave by the MACVLAN's table;
  * - ROUTES: one rule per route of a service this agent is the ingress of, in selection order.
  */
 export const RULE_PREF = {
@@ -43,6 +46,7 @@ export const RULE_PREF = {
   INTERCEPT: 21_050,
   REPLY: 21_100,
   FROM_TUN: 21_200,
+  AGENT: 21_300,
   ROUTES_FIRST: 22_000,
   LAST: 29_999,
 } as const;
