@@ -323,6 +323,110 @@ describe('data plane: traffic through a tcp service', { timeout: 600_000 }, () =
     assert.deepEqual(JSON.parse(out), Array(50).fill(200));
   });
 
+  /** The raw TCP client of netns-apps, from the client namespace. */
+  const tcpClient = async (host: string, port: number, mode: 'halfclose' | 'reset' | 'connect') =>
+    JSON.parse(
+      await topo.run(topo.ns.client, process.execPath, [APPS, 'tcp', host, String(port), mode], 20_000),
+    ) as { connected: boolean; data: string; error: string | null };
+
+  it('carries half-close and resets like a direct connection; a refusing destination gives the client an error at once', async () => {
+    // The server reads to the client's FIN, then answers: the other direction stayed open.
+    assert.deepEqual(await tcpClient(IP.dest, HTTP + 1, 'halfclose'), {
+      connected: true,
+      data: 'got 5\n',
+      error: null,
+    });
+    assert.deepEqual(await tcpClient(IP.dest6, HTTP + 1, 'halfclose'), {
+      connected: true,
+      data: 'got 5\n',
+      error: null,
+    });
+    // The server resets: so does the client's connection.
+    assert.equal((await tcpClient(IP.dest, HTTP + 2, 'reset')).error, 'ECONNRESET');
+    // Nothing listens: without the mesh the client's connect fails with ECONNREFUSED. Through
+    // the stream path the ingress has already accepted the connection when the exit learns the
+    // destination refused, so the client sees a reset instead (docs/dataplane.md); at once, never
+    // a hang.
+    const started = Date.now();
+    const refused = await tcpClient(IP.dest, HTTP + 3, 'connect');
+    assert.ok(refused.error === 'ECONNRESET' || refused.error === 'ECONNREFUSED', JSON.stringify(refused));
+    assert.ok(Date.now() - started < 2000, 'the error came at once');
+    const s = await dataplaneOf(ingress, nat);
+    assert.ok((s.streams_refused as number) >= 1, JSON.stringify(s));
+  });
+
+  it('holds bandwidth_limit_mbps in each direction, fair between flows; 0 is unlimited', async (t) => {
+    const measured: string[] = [];
+    const limit = async (mbps: number) => {
+      const res = await ingress.agent.client.put(`/v1/services/${nat}`, {
+        token: ingress.token,
+        json: { bandwidth_limit_mbps: mbps },
+      });
+      assert.equal(res.status, 200, res.text);
+      await ingress.agent.client.post('/v1/cluster/sync', { token: ingress.token });
+      await exit.agent.client.post('/v1/cluster/sync', { token: exit.token });
+    };
+    /** Mbit/s of payload: downloads from /bytes, uploads to /sink, for `seconds`. */
+    /**
+     * Mbit/s of payload, as the receiving end saw it. Down: bytes curl received from /bytes in
+     * `seconds` (more is asked than fits). Up: a fixed amount to /sink, over the time until the
+     * server's answer (it answers once it has read everything; curl's own upload count would
+     * include what merely sits in socket buffers).
+     */
+    const rate = async (direction: 'down' | 'up', mbps: number, seconds: number, flows = 1) => {
+      const bytes = Math.round((mbps * 1e6 * seconds) / 8);
+      const cmd =
+        direction === 'down'
+          ? `curl -sS -o /dev/null --max-time ${seconds} -w '%{size_download}' http://${IP.dest}:${HTTP}/bytes?n=${bytes * 2}`
+          : `head -c ${bytes} /dev/zero | curl -sS --max-time ${seconds * 3} -w ' %{time_total}' -T - http://${IP.dest}:${HTTP}/sink`;
+      // curl exits 28 when --max-time cuts a download, as meant; the size it printed counts.
+      const file = (i: number | string) => `/tmp/mesh-rate-${process.pid}-${i}`;
+      const script = Array.from({ length: flows }, (_, i) => `(${cmd} > ${file(i)}; true) &`).join(' ');
+      const out = await topo.run(
+        topo.ns.client,
+        'sh',
+        ['-c', `${script} wait; for i in $(seq 0 ${flows - 1}); do cat ${file('$i')}; echo; done`],
+        (seconds * 3 + 10) * 1000,
+      );
+      return out
+        .trim()
+        .split('\n')
+        .map((line) => {
+          if (direction === 'down') return (Number(line) * 8) / 1e6 / seconds;
+          const [body, time] = [
+            line.slice(0, line.lastIndexOf(' ')),
+            Number(line.slice(line.lastIndexOf(' ') + 1)),
+          ];
+          assert.equal(
+            (JSON.parse(body) as { bytes: number }).bytes,
+            bytes,
+            'the server read the whole upload',
+          );
+          return (bytes * 8) / 1e6 / time;
+        });
+    };
+    const within = (got: number, want: number, tolerance: number, what: string) => {
+      measured.push(`${what}: ${got.toFixed(2)}`);
+      assert.ok(
+        Math.abs(got - want) <= want * tolerance,
+        `${what}: ${got.toFixed(2)} Mbit/s, want ${want} ±${tolerance * 100} %`,
+      );
+    };
+
+    await limit(10);
+    within((await rate('down', 10, 4))[0]!, 10, 0.15, '10 Mbit/s down');
+    within((await rate('up', 10, 4))[0]!, 10, 0.15, '10 Mbit/s up');
+    const four = await rate('down', 10, 5, 4);
+    for (const [i, r] of four.entries()) within(r, 10 / 4, 0.3, `flow ${i} of 4 at 10 Mbit/s`);
+    await limit(100);
+    within((await rate('down', 100, 4))[0]!, 100, 0.15, '100 Mbit/s down');
+    within((await rate('up', 100, 4))[0]!, 100, 0.15, '100 Mbit/s up');
+    await limit(0);
+    const [free] = await rate('down', 1000, 2);
+    assert.ok(free! > 150, `unlimited again: ${free!.toFixed(0)} Mbit/s`);
+    t.diagnostic(`Mbit/s measured: ${measured.join('; ')}; unlimited ${free!.toFixed(0)}`);
+  });
+
   it('honours priority and tie-breaks between two services; unmatched traffic stays out', async () => {
     // A second service to exit2 with a route that wins for one destination host only.
     const second = await service(ingress, { target_peer_id: exit2.peerId }, [

@@ -4,8 +4,13 @@
  * - `serve PORT_HTTP PORT_UDP`: the destination. HTTP on [::] (dual stack): `/` answers the
  *   client address it saw and prints `remote <addr>` to stdout (its own log); `/bytes?n=N` sends
  *   N bytes of the test stream (see streamBlock); `/stall` sends its headers and one line, then
- *   nothing more until the client goes (a connection on which the client only waits). A UDP
- *   echo on PORT_UDP.
+ *   nothing more until the client goes (a connection on which the client only waits); a POST
+ *   to `/sink` answers the number of body bytes it read. A UDP echo on PORT_UDP. Two raw TCP
+ *   servers: on PORT_HTTP+1 one that reads to the client's FIN and then answers `got <n>` and
+ *   closes (half-close), on PORT_HTTP+2 one that resets every connection at its first byte.
+ * - `tcp HOST PORT halfclose|reset|connect`: a raw TCP client; prints JSON {connected, data,
+ *   error} (halfclose: sends `hello` and shuts its side; reset: sends a byte and waits; connect:
+ *   connects and waits up to 3 s for anything).
  * - `udp HOST PORT TEXT`: sends TEXT, prints the echo, exits 1 after 3 s without one.
  * - `burst URL N`: N concurrent GETs, each a new connection; prints a JSON array of statuses
  *   (or error codes).
@@ -13,6 +18,7 @@
 import { createCipheriv, createHash } from 'node:crypto';
 import dgram from 'node:dgram';
 import http from 'node:http';
+import net from 'node:net';
 
 /** Every 64 KiB block of the test stream starts with this marker (looked for in captures). */
 export const MARKER = 'MESH-MARKER-7d1e';
@@ -66,11 +72,38 @@ function serve(httpPort: number, udpPort: number): void {
       res.write('stalled\n');
       return;
     }
+    if (url.pathname === '/sink') {
+      let bytes = 0;
+      req.on('data', (c: Buffer) => {
+        bytes += c.length;
+      });
+      req.on('end', () => {
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.end(JSON.stringify({ bytes }));
+      });
+      return;
+    }
     process.stdout.write(`remote ${remote}\n`);
     res.writeHead(200, { 'content-type': 'application/json', connection: 'close' });
     res.end(JSON.stringify({ remote }));
   });
   server.listen(httpPort, '::');
+  net
+    .createServer({ allowHalfOpen: true }, (s) => {
+      let n = 0;
+      s.on('data', (c: Buffer) => {
+        n += c.length;
+      });
+      s.on('end', () => s.end(`got ${n}\n`));
+      s.on('error', () => {});
+    })
+    .listen(httpPort + 1, '::');
+  net
+    .createServer((s) => {
+      s.once('data', () => s.resetAndDestroy());
+      s.on('error', () => {});
+    })
+    .listen(httpPort + 2, '::');
   const udp = dgram.createSocket({ type: 'udp6', ipv6Only: false });
   udp.on('message', (msg, rinfo) => udp.send(msg, rinfo.port, rinfo.address));
   udp.bind(udpPort, '::');
@@ -109,11 +142,45 @@ function burst(url: string, n: number): void {
   }
 }
 
+function tcpClient(host: string, port: number, mode: string): void {
+  const out = { connected: false, data: '', error: null as string | null };
+  const done = () => {
+    process.stdout.write(JSON.stringify(out));
+    process.exit(0);
+  };
+  const s = net.connect({ host, port, allowHalfOpen: true });
+  const timer = setTimeout(
+    () => {
+      out.error = 'TIMEOUT';
+      done();
+    },
+    mode === 'connect' ? 3000 : 10_000,
+  );
+  s.on('connect', () => {
+    out.connected = true;
+    if (mode === 'halfclose') s.end('hello');
+    if (mode === 'reset') s.write('x');
+  });
+  s.on('data', (c: Buffer) => {
+    out.data += c.toString();
+  });
+  s.on('end', () => {
+    clearTimeout(timer);
+    done();
+  });
+  s.on('error', (err: NodeJS.ErrnoException) => {
+    clearTimeout(timer);
+    out.error = err.code ?? err.message;
+    done();
+  });
+}
+
 if (process.argv[1]?.endsWith('netns-apps.js')) {
   const [cmd, ...args] = process.argv.slice(2);
   if (cmd === 'serve') serve(Number(args[0]), Number(args[1]));
   else if (cmd === 'udp') udpEcho(args[0]!, Number(args[1]), args[2]!);
   else if (cmd === 'burst') burst(args[0]!, Number(args[1]));
+  else if (cmd === 'tcp') tcpClient(args[0]!, Number(args[1]), args[2]!);
   else {
     process.stderr.write(`unknown command ${cmd}\n`);
     process.exit(2);
