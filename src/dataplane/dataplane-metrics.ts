@@ -1,7 +1,8 @@
 /**
  * Prometheus metrics of the data plane (DECISIONS §7), read from the data plane's own counters
  * at scrape time: IP bytes and packets per service and direction (sent into / received from the
- * tunnel), drops by cause, and tunnel state per peer.
+ * tunnel), drops by cause (and per service), TCP connections carried as streams (open, opened,
+ * bytes per direction, resets, refusals) per service, and tunnel state per peer.
  */
 import { Counter, Gauge, type Registry } from 'prom-client';
 import type { DataPlane } from './dataplane.js';
@@ -36,12 +37,70 @@ export function registerDataPlaneMetrics(registry: Registry, dataplane: DataPlan
   });
   new Counter({
     name: 'mesh_dataplane_dropped_packets_total',
-    help: 'Packets the data plane dropped, by cause (tunnel_down, unauthorized, unknown_service, malformed, tun_write).',
+    help: 'Packets the data plane dropped, by cause (tunnel_down, unauthorized, unknown_service, malformed, tun_write, shaped).',
     labelNames: ['reason'] as const,
     registers,
     collect() {
       this.reset();
       for (const [reason, n] of dataplane.dropCounts()) this.labels(reason).inc(n);
+    },
+  });
+  new Counter({
+    name: 'mesh_dataplane_service_dropped_packets_total',
+    help: 'Packets of a service the data plane dropped, by cause (tunnel_down, unauthorized, tun_write, shaped).',
+    labelNames: ['service_id', 'reason'] as const,
+    registers,
+    collect() {
+      this.reset();
+      for (const [id, byReason] of dataplane.serviceDrops())
+        for (const [reason, n] of byReason) this.labels(id, reason).inc(n);
+    },
+  });
+  new Gauge({
+    name: 'mesh_dataplane_connections_open',
+    help: 'TCP connections of a service carried as streams now.',
+    labelNames: ['service_id'] as const,
+    registers,
+    collect() {
+      this.reset();
+      for (const [id, s] of dataplane.allStreamStats()) this.labels(id).set(s.open);
+    },
+  });
+  new Counter({
+    name: 'mesh_dataplane_connections_total',
+    help: 'TCP connections of a service carried as streams, by outcome so far: opened, reset, refused (destination unreachable).',
+    labelNames: ['service_id', 'event'] as const,
+    registers,
+    collect() {
+      this.reset();
+      for (const [id, s] of dataplane.allStreamStats()) {
+        this.labels(id, 'opened').inc(s.opened);
+        this.labels(id, 'reset').inc(s.resets);
+        this.labels(id, 'refused').inc(s.refused);
+      }
+    },
+  });
+  new Counter({
+    name: 'mesh_dataplane_stream_bytes_total',
+    help: 'Stream payload bytes of a service: up (ingress to exit) and down (exit to ingress).',
+    labelNames: ['service_id', 'direction'] as const,
+    registers,
+    collect() {
+      this.reset();
+      for (const [id, s] of dataplane.allStreamStats()) {
+        this.labels(id, 'up').inc(s.bytesUp);
+        this.labels(id, 'down').inc(s.bytesDown);
+      }
+    },
+  });
+  new Counter({
+    name: 'mesh_dataplane_dropped_stream_frames_total',
+    help: 'Stream frames the data plane dropped, by cause (malformed, unauthorized, unknown_stream, protocol).',
+    labelNames: ['reason'] as const,
+    registers,
+    collect() {
+      this.reset();
+      for (const [reason, n] of Object.entries(dataplane.streamDrops())) this.labels(reason).inc(n);
     },
   });
   new Gauge({

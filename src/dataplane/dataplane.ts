@@ -161,6 +161,7 @@ export class DataPlane {
   /** Per service, since the agent started: they survive a TUN being re-opened and the service leaving (metrics never go down). */
   private readonly counters = new Map<string, ServiceCounters>();
   private readonly drops = new Map<DropReason, number>();
+  private readonly dropsByService = new Map<string, Map<DropReason, number>>();
   private lastPlan: Plan | null = null;
   private lastPlanUnreachable: ReadonlySet<string> = new Set();
   private nft: { applied: string | null; appliedFrom: string | null } = { applied: null, appliedFrom: null };
@@ -394,6 +395,23 @@ export class DataPlane {
         refused: 0,
       }
     );
+  }
+
+  /** Per service this agent carried: its streams (open now, opened, bytes, resets, refusals). */
+  allStreamStats(): Map<string, StreamStats> {
+    const out = new Map<string, StreamStats>();
+    if (this.streams) for (const id of this.counters.keys()) out.set(id, this.streams.mux.stats(id));
+    return out;
+  }
+
+  /** Stream frames the multiplexer dropped, by cause. */
+  streamDrops(): Readonly<Record<string, number>> {
+    return this.streams?.mux.drops() ?? {};
+  }
+
+  /** Packets dropped per service and cause (drops that name no service are in dropCounts only). */
+  serviceDrops(): ReadonlyMap<string, ReadonlyMap<DropReason, number>> {
+    return this.dropsByService;
   }
 
   dropCounts(): ReadonlyMap<DropReason, number> {
@@ -740,6 +758,14 @@ export class DataPlane {
 
   private drop(reason: DropReason, c: Carried | undefined, count: number): void {
     this.drops.set(reason, (this.drops.get(reason) ?? 0) + count);
-    if (c) c.counters.dropped += count;
+    if (c) {
+      c.counters.dropped += count;
+      let byReason = this.dropsByService.get(c.service.serviceId);
+      if (!byReason) {
+        byReason = new Map();
+        this.dropsByService.set(c.service.serviceId, byReason);
+      }
+      byReason.set(reason, (byReason.get(reason) ?? 0) + count);
+    }
   }
 }

@@ -313,6 +313,24 @@ describe('data plane: traffic through a tcp service', { timeout: 600_000 }, () =
     assert.ok((after.streams_opened as number) > (before.streams_opened as number), JSON.stringify(after));
   });
 
+  it("shows the service's streams, packets and tunnel in /metrics", async () => {
+    const res = await ingress.agent.client.get('/metrics', { token: ingress.token });
+    assert.equal(res.status, 200);
+    const value = (name: string, labels: string) => {
+      const line = res.text.split('\n').find((l) => l.startsWith(`${name}{${labels}}`));
+      assert.ok(line, `${name}{${labels}} in /metrics`);
+      return Number(line.slice(line.lastIndexOf(' ') + 1));
+    };
+    assert.ok(
+      value('mesh_dataplane_stream_bytes_total', `service_id="${nat}",direction="down"`) >= 100 * 1024 ** 2,
+    );
+    assert.ok(value('mesh_dataplane_connections_total', `service_id="${nat}",event="opened"`) >= 2);
+    // Present (the value may still count a connection that is closing).
+    value('mesh_dataplane_connections_open', `service_id="${nat}"`);
+    assert.ok(value('mesh_dataplane_packets_total', `service_id="${nat}",direction="sent"`) > 0); // ping, UDP
+    assert.equal(value('mesh_tunnel_up', `peer_id="${exit.peerId}"`), 1);
+  });
+
   it('serves 50 concurrent connections', async () => {
     const out = await topo.run(
       topo.ns.client,
