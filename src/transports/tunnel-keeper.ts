@@ -200,6 +200,9 @@ export abstract class TunnelKeeper implements TunnelTransport {
         'tunnel connection replaced by a newer one',
       );
       old.close();
+      // Everything in flight on the old connection is lost: listeners that keep state across
+      // messages (the data plane's streams) must see the break, so it shows as a state change.
+      this.setState(entry, 'connecting');
     } else {
       this.logger?.info({ transport: this.kind, peer: entry.peerId }, 'tunnel up');
     }

@@ -595,6 +595,10 @@ export function tunnelCompliance(name: string, makeWorld: MakeWorld): void {
         const took = performance.now() - startedAt;
         assert.ok(took < world.timing.deadAfterMs, `replacement took ${took.toFixed(0)} ms`);
         assert.ok(!pb.states.some((s) => s.state === 'down'), 'the acceptor never went down');
+        // ...but it saw the break: what was in flight on the old connection is gone, and stateful
+        // listeners (the data plane's streams) must know.
+        const after = pb.states.filter((s) => s.peer === a).map((s) => s.state);
+        assert.deepEqual(after.slice(-2), ['connecting', 'up'], `the acceptor's states: ${after.join(', ')}`);
         dialer.send([Buffer.from('to b')]);
         waiting.send([Buffer.from('to a')]);
         await eventually('both delivered', () => pb.from(a).length === 1 && pa.from(b).length === 1, 5000);
