@@ -132,6 +132,18 @@ const SHAPED_QUEUE_BYTES = 64 * 1024;
 /** Packet flows' ids in a shaper, above the stream mux's (which count up from 1). */
 const PACKET_FLOW_BASE = 2 ** 40;
 
+/**
+ * Socket options of both ends of a relayed connection: no Nagle delay (the client's own segments
+ * were already coalesced as it wanted; waiting again adds latency to every request/response), and
+ * keepalives, so that a peer host that vanished without a reset frees its stream in minutes, not
+ * hours.
+ */
+function relaySocket(socket: Socket): Socket {
+  socket.setNoDelay(true);
+  socket.setKeepAlive(true, 60_000);
+  return socket;
+}
+
 /** A packet's flow (addresses, protocol, ports) as a 32-bit FNV-1a hash, for fair shaping. */
 function packetFlow(p: Buffer): number {
   const v6 = p[0]! >> 4 === 6;
@@ -224,14 +236,16 @@ export class DataPlane {
         const c = this.carried.get(serviceId);
         if (!c)
           return Promise.reject(Object.assign(new Error('service not carried'), { code: 'EHOSTUNREACH' }));
-        return sockets.connectNetSocket({
-          family: ends.family,
-          address: ends.dstAddr,
-          port: ends.dstPort,
-          localAddress: this.macvlanAddress(c, ends.family),
-          mark: AGENT_MARK,
-          timeoutMs: 10_000,
-        });
+        return sockets
+          .connectNetSocket({
+            family: ends.family,
+            address: ends.dstAddr,
+            port: ends.dstPort,
+            localAddress: this.macvlanAddress(c, ends.family),
+            mark: AGENT_MARK,
+            timeoutMs: 10_000,
+          })
+          .then(relaySocket);
       },
     });
   }
@@ -297,6 +311,7 @@ export class DataPlane {
       dstAddr: dst,
       dstPort: socket.localPort!,
     };
+    relaySocket(socket);
     this.streams!.mux.carry(c.service.peerId, c.service.serviceId, socket, ends);
   }
 
