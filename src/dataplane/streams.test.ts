@@ -594,6 +594,28 @@ describe('StreamMux over the memory transport with loopback sockets', { timeout:
     assert.equal(h.a.mux.stats(SERVICE).open + h.b.mux.stats(SERVICE).open, 0);
   });
 
+  it('streams with one peer are capped: beyond the cap the client is reset, the others carry on', async () => {
+    // The exit never connects: the open streams stay open.
+    const h = await setup({
+      destination: echo,
+      mux: { maxStreamsPerPeer: 2, connect: () => new Promise<net.Socket>(() => {}) },
+    });
+    const first = await h.client(h.a);
+    const second = await h.client(h.a);
+    first.write('1');
+    second.write('2');
+    await waitFor('two open', () => h.a.mux.stats(SERVICE).open === 2);
+    // Reset at once: even the client's connect may already see it.
+    const third = await h.client(h.a).then(
+      (s) => within(5_000, 'third reset', errorOf(s)),
+      (err: NodeJS.ErrnoException) => err,
+    );
+    assert.equal(third?.code, 'ECONNRESET');
+    assert.equal(h.a.mux.stats(SERVICE).open, 2);
+    assert.equal(h.a.mux.stats(SERVICE).refused, 1);
+    assert.equal(h.b.mux.stats(SERVICE).open, 2, 'the exit holds only the two');
+  });
+
   it('an exit connect that takes too long: OPEN_FAIL timeout, client reset, the late socket closed', async () => {
     let late: net.Socket | undefined;
     let lateConnected = false;

@@ -94,6 +94,11 @@ export interface StreamMuxOptions {
   windowBudget?: number;
   /** Exit: connect timeout, then OPEN_FAIL 'timeout'. Default 10 s. */
   openTimeoutMs?: number;
+  /**
+   * Streams at once with one peer, both directions together; beyond it a new one is refused (the
+   * client reset, an OPEN answered OPEN_FAIL). Default 8192.
+   */
+  maxStreamsPerPeer?: number;
   /** Optional shaping: asked once per stream; 'up' is ingress -> exit, 'down' exit -> ingress. */
   limiter?(serviceId: string, direction: 'up' | 'down'): Pacer | null;
 }
@@ -126,6 +131,7 @@ export type StreamDropCause = 'malformed' | 'unauthorized' | 'unknown_stream' | 
 const DEFAULT_WINDOW = 256 * 1024;
 const DEFAULT_MAX_WINDOW = 4 * 1024 * 1024;
 const DEFAULT_WINDOW_BUDGET = 32 * 1024 * 1024;
+const DEFAULT_MAX_STREAMS_PER_PEER = 8192;
 const DEFAULT_OPEN_TIMEOUT_MS = 10_000;
 /** The ingress waits this much longer than the exit's open timeout before giving up itself. */
 const INGRESS_GUARD_EXTRA_MS = 5_000;
@@ -230,6 +236,7 @@ export class StreamMux {
   };
   private nextFlowId = 1;
   private closed = false;
+  private readonly maxStreamsPerPeer: number;
 
   constructor(private readonly options: StreamMuxOptions) {
     this.link = options.link;
@@ -242,6 +249,7 @@ export class StreamMux {
       throw new Error(`maxWindow must be an integer up to ${MAX_WINDOW}`);
     this.windowBudget = options.windowBudget ?? DEFAULT_WINDOW_BUDGET;
     this.openTimeoutMs = options.openTimeoutMs ?? DEFAULT_OPEN_TIMEOUT_MS;
+    this.maxStreamsPerPeer = options.maxStreamsPerPeer ?? DEFAULT_MAX_STREAMS_PER_PEER;
   }
 
   /**
@@ -256,6 +264,11 @@ export class StreamMux {
       return;
     }
     const peer = this.peerOf(peerId);
+    if (peer.streams.size >= this.maxStreamsPerPeer) {
+      this.countersOf(serviceId).refused++;
+      resetSocket(client);
+      return;
+    }
     const id = this.allocateId(peer);
     let open: Buffer;
     try {
@@ -374,7 +387,7 @@ export class StreamMux {
   closeService(serviceId: string): void {
     for (const peer of this.peers.values())
       for (const s of [...peer.streams.values()]) if (s.serviceId === serviceId) this.reset(s, true);
-    this.services.delete(serviceId);
+    // The counters stay: they feed Prometheus counters, which must never go back.
   }
 
   stats(serviceId: string): StreamStats {
@@ -412,6 +425,12 @@ export class StreamMux {
     if (!this.options.authorize(peer.id, f.serviceId)) {
       this.dropCounts.unauthorized++;
       this.enqueue(peer, encodeOpenFail(f.id, 'unauthorized'));
+      return;
+    }
+    // Each stream costs a socket and buffers: a peer gets a bounded number at once.
+    if (peer.streams.size >= this.maxStreamsPerPeer) {
+      this.countersOf(f.serviceId).refused++;
+      this.enqueue(peer, encodeOpenFail(f.id, 'other'));
       return;
     }
     const counters = this.countersOf(f.serviceId);
@@ -561,7 +580,9 @@ export class StreamMux {
   private updateFlow(s: Stream): void {
     const socket = s.socket;
     if (!socket || s.phase === 'done' || s.localEnded || socket.destroyed) return;
-    const limit = s.phase === 'opening' ? this.window : MAX_DATA_PAYLOAD;
+    // Before the exit has answered, only one frame's worth: an open to a blackholed destination
+    // must not cost a whole window of the client's bytes (thousands of them would add up).
+    const limit = MAX_DATA_PAYLOAD;
     const read = !s.peer.blocked && s.pendingBytes < limit;
     if (read) {
       if (socket.isPaused()) socket.resume();
