@@ -176,6 +176,7 @@ export class DataPlane {
   private readonly dropsByService = new Map<string, Map<DropReason, number>>();
   private lastPlan: Plan | null = null;
   private lastPlanUnreachable: ReadonlySet<string> = new Set();
+  private appliedIngressRoutes: readonly PlanRoute[] = [];
   private nft: { applied: string | null; appliedFrom: string | null } = { applied: null, appliedFrom: null };
   private running: Promise<void> | null = null;
   private again = false;
@@ -236,6 +237,15 @@ export class DataPlane {
         const c = this.carried.get(serviceId);
         if (!c)
           return Promise.reject(Object.assign(new Error('service not carried'), { code: 'EHOSTUNREACH' }));
+        // The exit goes only where the service's routes lead, never to its own loopback: a peer
+        // may open streams of its service, not reach anything the exit can reach.
+        if (!this.routesAllow(serviceId, ends)) {
+          return Promise.reject(
+            Object.assign(new Error(`${ends.dstAddr} is not a destination of the service`), {
+              code: 'EACCES',
+            }),
+          );
+        }
         return sockets
           .connectNetSocket({
             family: ends.family,
@@ -248,6 +258,15 @@ export class DataPlane {
           .then(relaySocket);
       },
     });
+  }
+
+  /** Whether a stream's ends are ones the service's routes select, and not a special address. */
+  private routesAllow(serviceId: string, ends: StreamEnds): boolean {
+    // Loopback, unspecified, multicast, broadcast, v4-mapped: never a destination of a route.
+    const special = /^(127\.|0\.|2(2[4-9]|3\d)\.|255\.255\.255\.255$)|^(::1?|ff[0-9a-f]{2}:.*)$/i;
+    if (special.test(ends.dstAddr) || ends.dstAddr.toLowerCase().startsWith('::ffff:')) return false;
+    const own = (this.view?.routes ?? []).filter((r) => r.serviceId === serviceId);
+    return serviceOfConnection(own, ends.srcAddr, ends.dstAddr) === serviceId;
   }
 
   /** The address a MACVLAN exit's streams leave from, in the family asked for. */
@@ -270,14 +289,20 @@ export class DataPlane {
         server.once('error', reject);
         server.listen({ fd }, () => resolve(server));
       });
+    // Both or neither: nftables hands either family to the same port.
     const v4 = await serve(
       sockets.openTransparentListener({ family: 4, address: '127.0.0.1', port: 0, mark: AGENT_MARK }),
     );
-    streams.listeners.push(v4);
     const port = (v4.address() as { port: number }).port;
-    streams.listeners.push(
-      await serve(sockets.openTransparentListener({ family: 6, address: '::1', port, mark: AGENT_MARK })),
-    );
+    try {
+      const v6 = await serve(
+        sockets.openTransparentListener({ family: 6, address: '::1', port, mark: AGENT_MARK }),
+      );
+      streams.listeners.push(v4, v6);
+    } catch (err) {
+      v4.close();
+      throw err;
+    }
     streams.port = port;
   }
 
@@ -285,20 +310,12 @@ export class DataPlane {
   private intercepted(socket: Socket): void {
     const src = socket.remoteAddress;
     const dst = socket.localAddress;
-    const view = this.view;
     // A connection made to the listener itself (its own address) is nobody's traffic.
-    if (!src || !dst || !view || dst === '127.0.0.1' || dst === '::1') {
+    if (!src || !dst || dst === '127.0.0.1' || dst === '::1') {
       socket.destroy();
       return;
     }
-    const ingress = new Set(
-      [...this.carried.values()].filter((c) => c.service.role === 'ingress').map((c) => c.service.serviceId),
-    );
-    const serviceId = serviceOfConnection(
-      view.routes.filter((r) => ingress.has(r.serviceId)),
-      src,
-      dst,
-    );
+    const serviceId = serviceOfConnection(this.appliedIngressRoutes, src, dst);
     const c = serviceId ? this.carried.get(serviceId) : undefined;
     if (!c || this.options.transport.tunnel(c.service.peerId)?.state !== 'up') {
       socket.resetAndDestroy();
@@ -500,6 +517,7 @@ export class DataPlane {
       tunMtu: this.options.tunMtu ?? 1500,
       unreachable,
       interceptPort: this.streams?.port ?? null,
+      agentSockets: this.streams !== null,
     });
 
     // Tunnels: one per peer this agent shares a carried service with; first, so that a kernel
@@ -562,6 +580,10 @@ export class DataPlane {
     }
     this.lastPlan = next;
     this.lastPlanUnreachable = unreachable;
+    // What the kernel now selects: intercepted connections are named by these, not by a newer
+    // view that the kernel does not follow yet.
+    const ingressIds = new Set(next.carried.filter((c) => c.role === 'ingress').map((c) => c.serviceId));
+    this.appliedIngressRoutes = view.routes.filter((r) => ingressIds.has(r.serviceId));
     this.resetConnections(unreachable);
     this.lastError = null;
     const exit = next.carried.some((c) => c.role === 'exit');
@@ -619,7 +641,9 @@ export class DataPlane {
       counters,
       pending: [],
       flows: service.role === 'ingress' ? new TcpFlowTable() : null,
-      shaper: new FairShaper({ mbps: 0 }),
+      // 20 ms deep: a loaded event loop that fires the shaper's timer late loses no tokens (the
+      // shaper tolerates half its depth), at the cost of bursts of 20 ms of the rate.
+      shaper: new FairShaper({ mbps: 0, burstMs: 20 }),
       mbps: 0,
     };
     tun.onPackets((packets) => this.fromTun(carried, packets));

@@ -289,7 +289,7 @@ describe('plan: TCP interception (TPROXY) for the stream path', () => {
     assert.doesNotMatch(nft, /oifname \{[^}]*mesh-t2/);
     assert.match(
       nft,
-      /type route hook output priority mangle;[\s\S]*meta l4proto tcp oifname \{ "mesh-t1" \} meta mark set 0x10000000/,
+      /type route hook output priority mangle;[\s\S]*meta l4proto tcp oifname \{ "mesh-t1" \} meta mark set meta mark \| 0x10000000/,
     );
     // The exit's stream sockets bound to the MACVLAN addresses leave by the MACVLAN's table.
     assert.ok(p.kernel.rules.some((r) => r.from === '10.91.2.50/32' && r.table === exitTableOf(2)));

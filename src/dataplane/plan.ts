@@ -74,6 +74,12 @@ export interface PlanInput {
    * carried as streams. Absent or null: TCP travels as packets like everything else.
    */
   interceptPort?: number | null;
+  /**
+   * The agent opens stream sockets (SO_MARK AGENT_MARK; it does once the multiplexer runs, even
+   * when its listener could not be opened): they get their rules (AGENT pref, MACVLAN sources).
+   * Default: whether interceptPort is set.
+   */
+  agentSockets?: boolean;
 }
 
 export type Role = 'ingress' | 'exit';
@@ -251,8 +257,9 @@ export function plan(input: PlanInput): Plan {
   }
 
   const intercepting = input.interceptPort != null && slotOfService.size > 0;
-  if (intercepting) {
-    for (const family of FAMILIES) {
+  const agentSockets = input.agentSockets ?? input.interceptPort != null;
+  for (const family of FAMILIES) {
+    if (agentSockets && slotOfService.size > 0) {
       // The agent's own stream sockets (replies to intercepted clients, an exit's connections)
       // are never selected again.
       rules.push({
@@ -261,6 +268,8 @@ export function plan(input: PlanInput): Plan {
         fwmark: { value: AGENT_MARK, mask: AGENT_MARK },
         table: 'main',
       });
+    }
+    if (intercepting) {
       rules.push({
         family,
         pref: RULE_PREF.INTERCEPT,
@@ -270,7 +279,7 @@ export function plan(input: PlanInput): Plan {
       routes.push({ family, table: INTERCEPT_TABLE, dst: 'default', dev: 'lo', type: 'local' });
     }
   }
-  if (input.interceptPort != null) {
+  if (agentSockets) {
     // An exit's stream sockets leave from the MACVLAN address: by the MACVLAN's table.
     for (const a of addresses) {
       const c = carried.find((x) => x.macvlan === a.dev);
@@ -360,8 +369,9 @@ function nftRuleset(
     intercept.push(
       // Out of a TUN: already carried (exit side, or replies); never intercepted.
       'iifname "mesh-t*" return',
-      // Packets of connections the listener already accepted.
-      `meta l4proto tcp socket transparent 1 meta mark set ${mark} accept`,
+      // Packets of connections the listener already accepted (its sockets carry the agent's
+      // mark; other transparent proxies' sockets are not the agent's business).
+      `meta l4proto tcp socket transparent 1 socket mark ${hex(AGENT_MARK)} meta mark set meta mark | ${mark} accept`,
       // Locally originated TCP, re-routed here through lo by intercept_local (fib sees lo there).
       ...(['ipv4', 'ipv6'] as const).map(
         (f) =>
@@ -372,12 +382,12 @@ function nftRuleset(
       // path would.
       ...(['ipv4', 'ipv6'] as const).map(
         (f) =>
-          `meta nfproto ${f} meta l4proto tcp fib daddr oifname ${tuns} tproxy ${to[f]} meta mark set ${mark} accept`,
+          `meta nfproto ${f} meta l4proto tcp fib daddr oifname ${tuns} tproxy ${to[f]} meta mark set meta mark | ${mark} accept`,
       ),
     );
     interceptLocal.push(
       `meta mark & ${hex(AGENT_MARK)} == ${hex(AGENT_MARK)} return`,
-      `meta l4proto tcp oifname ${tuns} meta mark set ${mark}`,
+      `meta l4proto tcp oifname ${tuns} meta mark set meta mark | ${mark}`,
     );
   }
   const chain = (name: string, hook: string, body: string[]) =>
