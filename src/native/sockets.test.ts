@@ -700,11 +700,13 @@ describe('native sockets addon: TPROXY, SO_MARK, transparent bind in namespaces 
     assert.equal(t['ok'], false);
     assert.equal(t['code'], 'ETIMEDOUT', JSON.stringify(t));
     assert.match(t['message'] as string, /timed out after 400 ms/);
-    assert.ok((t['elapsedMs'] as number) >= 395 && (t['elapsedMs'] as number) < 1500, `${t['elapsedMs']} ms`);
+    // On time: not before the deadline (timer rounding aside), and far from the kernel's own
+    // two minutes; the upper bound is loose because a loaded machine runs timers late.
+    assert.ok((t['elapsedMs'] as number) >= 390 && (t['elapsedMs'] as number) < 5000, `${t['elapsedMs']} ms`);
     const a = await child(agent, 'connect', { family: 6, address: 'fd78:2::2', port: 7, abortAfterMs: 300 });
     assert.equal(a['code'], 'ABORT_ERR', JSON.stringify(a));
     assert.equal(a['name'], 'AbortError');
-    assert.ok((a['elapsedMs'] as number) >= 295 && (a['elapsedMs'] as number) < 1500, `${a['elapsedMs']} ms`);
+    assert.ok((a['elapsedMs'] as number) >= 290 && (a['elapsedMs'] as number) < 5000, `${a['elapsedMs']} ms`);
   });
 
   it('a worker terminated with connects pending or just settled: no crash, no fd left open', async () => {

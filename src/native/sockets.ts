@@ -13,11 +13,9 @@
  *
  * Used by src/transports and src/dataplane; imports nothing but Node built-ins.
  */
-import { closeSync, existsSync, readFileSync } from 'node:fs';
-import { createRequire } from 'node:module';
+import { closeSync } from 'node:fs';
 import net from 'node:net';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { loadAddon } from './load-addon.js';
 
 export type IpFamily = 4 | 6;
 
@@ -80,40 +78,12 @@ interface NativeAddon {
   ) => NativeConnect;
 }
 
-const ADDON_PATH = 'build/Release/mesh_sockets.node';
 let addon: NativeAddon | undefined;
 
-/** The directory of this package's package.json: src/native/ from source, dist/src/native/ when built. */
-function packageRoot(): string {
-  let dir = dirname(fileURLToPath(import.meta.url));
-  for (;;) {
-    const manifest = join(dir, 'package.json');
-    if (
-      existsSync(manifest) &&
-      (JSON.parse(readFileSync(manifest, 'utf8')) as { name?: string }).name === 'mesh-agent'
-    )
-      return dir;
-    const parent = dirname(dir);
-    if (parent === dir)
-      throw new Error('mesh-agent package root not found above ' + fileURLToPath(import.meta.url));
-    dir = parent;
-  }
-}
-
 /** Loaded on first use, so that importing this module (for its types) never needs the built addon. */
-function loadAddon(): Required<NativeAddon> {
-  if (!addon) {
-    const root = packageRoot();
-    try {
-      addon = createRequire(join(root, 'package.json'))(`./${ADDON_PATH}`) as NativeAddon;
-    } catch (e) {
-      throw new Error(
-        `cannot load the native addon ${join(root, ADDON_PATH)} (build it with npm install, or node-gyp rebuild): ${(e as Error).message}`,
-        { cause: e },
-      );
-    }
-  }
-  if (!addon.openTransparentListener || !addon.Connect)
+function nativeAddon(): Required<NativeAddon> {
+  addon ??= loadAddon<NativeAddon>('mesh_sockets.node');
+  if (!addon?.openTransparentListener || !addon.Connect)
     throw new Error(`transparent and marked sockets are Linux-only (this is ${process.platform})`);
   return addon as Required<NativeAddon>;
 }
@@ -149,7 +119,7 @@ export function openTransparentListener(opts: TransparentListenerOptions): numbe
   const backlog = opts.backlog ?? 511;
   checkInteger(backlog, 0, 65535, 'backlog');
   if (opts.mark !== undefined) checkInteger(opts.mark, 0, 0xffff_ffff, 'mark');
-  return loadAddon().openTransparentListener(
+  return nativeAddon().openTransparentListener(
     opts.family,
     opts.address ?? null,
     opts.port,
@@ -187,7 +157,7 @@ export function connectSocket(opts: ConnectOptions): Promise<number> {
       reject(abortError(signal));
       return;
     }
-    const { Connect } = loadAddon();
+    const { Connect } = nativeAddon();
     const onAbort = (): void => {
       // cancel() closes the fd; false when the connect settled first (then onDone has run already).
       if (pending.cancel()) reject(abortError(signal!));

@@ -10,10 +10,7 @@
  *
  * Used by src/transports and src/dataplane; imports nothing but Node built-ins.
  */
-import { existsSync, readFileSync } from 'node:fs';
-import { createRequire } from 'node:module';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { loadAddon } from './load-addon.js';
 
 export interface TunOptions {
   /** MTU to set on the new device (SIOCSIFMTU); left as the kernel's default (1500) when absent. */
@@ -75,38 +72,11 @@ interface NativeAddon {
   ) => NativeTun;
 }
 
-const ADDON_PATH = 'build/Release/mesh_native.node';
 let addon: NativeAddon | undefined;
 
-/** The directory of this package's package.json: src/native/ from source, dist/src/native/ when built. */
-function packageRoot(): string {
-  let dir = dirname(fileURLToPath(import.meta.url));
-  for (;;) {
-    const manifest = join(dir, 'package.json');
-    if (
-      existsSync(manifest) &&
-      (JSON.parse(readFileSync(manifest, 'utf8')) as { name?: string }).name === 'mesh-agent'
-    )
-      return dir;
-    const parent = dirname(dir);
-    if (parent === dir)
-      throw new Error('mesh-agent package root not found above ' + fileURLToPath(import.meta.url));
-    dir = parent;
-  }
-}
-
 /** Loaded on first use, so that importing this module (for its types) never needs the built addon. */
-function loadAddon(): NativeAddon {
-  if (addon) return addon;
-  const root = packageRoot();
-  try {
-    addon = createRequire(join(root, 'package.json'))(`./${ADDON_PATH}`) as NativeAddon;
-  } catch (e) {
-    throw new Error(
-      `cannot load the native addon ${join(root, ADDON_PATH)} (build it with npm install, or node-gyp rebuild): ${(e as Error).message}`,
-      { cause: e },
-    );
-  }
+function nativeAddon(): NativeAddon {
+  addon ??= loadAddon<NativeAddon>('mesh_native.node');
   return addon;
 }
 
@@ -123,7 +93,7 @@ export class TunDevice {
 
   /** @internal use openTun */
   constructor(name: string, opts: TunOptions) {
-    const Native = loadAddon().Tun;
+    const Native = nativeAddon().Tun;
     if (!Native) throw new Error(`TUN devices are Linux-only (this is ${process.platform})`);
     this.#native = new Native(
       name,
