@@ -1,10 +1,17 @@
 /**
- * bench/dataplane/perf-summary: where the agents' CPU goes in a `perf record -g` file of a mesh
- * figure (written by `BENCH_PERF=1 node dist/bench/dataplane/run.js`). Each sample is put in one
- * bucket: kernel samples by the syscall or context they sit in (a TUN write() also carries the
- * forwarding of the written packet to the next hop, inline, and even its delivery to a local
- * socket there), user samples by their innermost frame (AES-GCM, memcpy, malloc, V8 GC, JS, other
- * node/V8/OpenSSL). It also counts the innermost agent JS function on each stack.
+ * bench/dataplane/perf-summary: where a tunnel process's CPU goes in a `perf record -g` file of
+ * a figure (written by `BENCH_PERF=1 node dist/bench/dataplane/run.js`, one file per agent or
+ * relay). Reports:
+ * - CPU use: samples over (sample rate x the file's time span), in cores, per thread name (the
+ *   event loop is the `node` thread; V8's and libuv's helper threads have their own names);
+ * - self buckets, each sample in one: kernel samples by the syscall or context they sit in (a
+ *   TUN write() also carries the forwarding of the written packet to the next hop, inline, and a
+ *   TCP send over a veth the delivery to the receiving socket), user samples by their innermost
+ *   frame (AES-GCM, memcpy, malloc, V8 GC, JS, other node/V8/OpenSSL);
+ * - inclusive markers: the share of samples with a given frame anywhere on the stack (these
+ *   overlap: a TLS write contains its socket send);
+ * - the innermost agent JS function on each stack, and the innermost JS function of any kind
+ *   (Node's own stream machinery included).
  *
  * Usage: node dist/bench/dataplane/perf-summary.js FILE.data [FILE.data...] (needs `perf`).
  */
@@ -14,10 +21,16 @@ const KERNEL: [string, string][] = [
   ['tun_chr_write_iter', 'kernel: TUN write() (with inline forwarding to the next hop)'],
   ['tun_chr_read_iter', 'kernel: TUN read()'],
   ['tun_do_read', 'kernel: TUN read()'],
-  ['tcp_sendmsg', 'kernel: tunnel socket send'],
-  ['tcp_recvmsg', 'kernel: tunnel socket receive'],
-  ['do_epoll_wait', 'kernel: epoll'],
+  ['tcp_sendmsg', 'kernel: TCP send (with inline delivery over the veth)'],
+  ['tcp_recvmsg', 'kernel: TCP receive'],
+  ['do_epoll_ctl', 'kernel: epoll_ctl (a socket read paused or resumed)'],
+  ['do_epoll_wait', 'kernel: epoll_wait'],
   ['futex', 'kernel: futex'],
+  ['__sys_accept', 'kernel: accept'],
+  ['__sys_connect', 'kernel: connect'],
+  ['__x64_sys_close', 'kernel: close'],
+  ['__x64_sys_shutdown', 'kernel: shutdown'],
+  ['__sys_setsockopt', 'kernel: setsockopt'],
   ['handle_softirqs', 'kernel: softirq (network receive, other)'],
   ['asm_exc_page_fault', 'kernel: page faults'],
   ['asm_sysvec', 'kernel: interrupts, IPIs'],
@@ -26,46 +39,86 @@ const KERNEL: [string, string][] = [
   ['ksys_write', 'kernel: write(), entry and exit'],
 ];
 
+/** Frames looked for anywhere on a sample's stack (overlapping shares). */
+const MARKERS: [RegExp, string][] = [
+  [/SSL_write|ssl3_write/, 'OpenSSL SSL_write (encrypt, into the TLS socket buffer)'],
+  [/SSL_read|ssl3_read/, 'OpenSSL SSL_read (decrypt)'],
+  [/TLSWrap::/, 'node TLSWrap (all TLS socket work, incl. its JS callbacks)'],
+  [/tcp_sendmsg/, 'kernel TCP send (every socket)'],
+  [/tcp_recvmsg/, 'kernel TCP receive (every socket)'],
+  [/do_epoll_ctl/, 'kernel epoll_ctl'],
+  [/memmove|memcpy/, 'memcpy / memmove (user and kernel)'],
+  [/Heap::|Scaveng|MarkCompact|Sweep|Evacuat/, 'V8 GC'],
+  [/dist\/src\/dataplane\/streams\.js/, 'JS: StreamMux (streams.js, incl. what it calls)'],
+  [/dist\/src\/transports\/frames\.js/, 'JS: tunnel framing (frames.js, incl. what it calls)'],
+  [/dist\/src\/dataplane\/stream-frames\.js/, 'JS: stream frames (stream-frames.js, incl.)'],
+  [/dist\/src\/dataplane\/shaper\.js/, 'JS: shaper (shaper.js, incl.)'],
+];
+
 function userBucket(top: string): string {
-  if (/aesni|gcm|ghash/i.test(top)) return 'user: AES-GCM';
+  if (/aesni|gcm|ghash|aes_gcm|AES_/i.test(top)) return 'user: AES-GCM';
   if (/memmove|memcpy/.test(top)) return 'user: memcpy';
   if (/malloc|free|_int_|unlink_chunk|consolidate/.test(top)) return 'user: malloc/free';
   if (/Heap|Scaveng|MarkCompact|Sweep|Evacuat/.test(top)) return 'user: V8 GC';
   if (top.includes('JS:')) return 'user: JS (own frame)';
   if (top.includes('libc')) return 'user: libc, other';
-  return 'user: node/V8/OpenSSL, other';
+  if (top.includes('libcrypto') || top.includes('libssl')) return 'user: OpenSSL, other';
+  return 'user: node/V8, other';
+}
+
+function sampleRate(file: string): number {
+  const r = spawnSync('perf', ['evlist', '-i', file, '-F'], { encoding: 'utf8' });
+  const m = /sample_freq=(\d+)/.exec(r.stdout);
+  return m ? Number(m[1]) : 0;
 }
 
 function summarise(file: string): string {
-  const r = spawnSync('perf', ['script', '-i', file, '-F', 'comm,tid,ip,sym,dso'], {
+  const r = spawnSync('perf', ['script', '-i', file, '-F', 'comm,tid,time,ip,sym,dso'], {
     encoding: 'utf8',
     maxBuffer: 1 << 30,
   });
   if (r.status !== 0) throw new Error(`perf script -i ${file} failed: ${r.stderr}`);
   const buckets = new Map<string, number>();
-  const js = new Map<string, number>();
+  const markers = new Map<string, number>();
+  const agentJs = new Map<string, number>();
+  const anyJs = new Map<string, number>();
+  const threads = new Map<string, number>();
   let total = 0;
+  let first = Number.POSITIVE_INFINITY;
+  let last = 0;
   const add = (m: Map<string, number>, k: string) => m.set(k, (m.get(k) ?? 0) + 1);
   for (const sample of r.stdout.split('\n\n')) {
-    const frames = sample
+    const lines = sample
       .split('\n')
       .map((l) => l.trim())
-      .filter(Boolean)
-      .slice(1);
-    if (frames.length === 0) continue;
+      .filter(Boolean);
+    const head = lines[0];
+    const frames = lines.slice(1);
+    if (!head || frames.length === 0) continue;
     total++;
+    // "node 15215/15215 12345.678901:" (comm may hold spaces: the fields are read from the end).
+    const hm = /^(.*?)\s+\d+(?:\/\d+)?\s+([\d.]+):?$/.exec(head);
+    if (hm) {
+      add(threads, hm[1]!);
+      const t = Number(hm[2]);
+      first = Math.min(first, t);
+      last = Math.max(last, t);
+    }
     const text = frames.join('\n');
     if (frames[0]!.includes('[kernel.kallsyms]'))
       add(buckets, KERNEL.find(([k]) => text.includes(k))?.[1] ?? 'kernel: other');
     else add(buckets, userBucket(frames[0]!));
-    for (const f of frames) {
-      const m = /JS:\S*?(\w+) file:\/\/\S*?\/dist\/src\/(\S+?):\d+/.exec(f);
-      if (m) {
-        add(js, `${m[2]} ${m[1]}`);
-        break;
-      }
-    }
+    for (const [re, label] of MARKERS) if (re.test(text)) add(markers, label);
+    const agent = frames
+      .map((f) => /JS:\S*?(\w+) file:\/\/\S*?\/dist\/src\/(\S+?):\d+/.exec(f))
+      .find(Boolean);
+    if (agent) add(agentJs, `${agent[2]} ${agent[1]}`);
+    const js = frames.map((f) => /JS:\S*?([\w$]*) (\S+?):\d+:\d+ /.exec(f)).find(Boolean);
+    if (js) add(anyJs, `${js[2]!.replace(/^file:\/\/\S*?\/dist\//, '')} ${js[1] || '(anonymous)'}`);
   }
+  const rate = sampleRate(file);
+  const span = last > first ? last - first : 0;
+  const cores = (n: number) => (rate && span ? (n / (rate * span)).toFixed(2) : '?');
   const pct = (n: number) => `${((100 * n) / total).toFixed(1).padStart(5)}%`;
   const rows = (m: Map<string, number>, top: number) =>
     [...m.entries()]
@@ -73,10 +126,17 @@ function summarise(file: string): string {
       .slice(0, top)
       .map(([k, n]) => `${pct(n)}  ${k}`);
   return [
-    `${file}: ${total} samples`,
-    ...rows(buckets, 20),
-    'innermost agent JS function on the stack:',
-    ...rows(js, 10),
+    `${file}: ${total} samples at ${rate} Hz over ${span.toFixed(1)} s = ${cores(total)} cores`,
+    'by thread (cores):',
+    ...[...threads.entries()].sort((a, b) => b[1] - a[1]).map(([k, n]) => `  ${cores(n)}  ${k}`),
+    'self, by bucket:',
+    ...rows(buckets, 25),
+    'stack contains (overlapping):',
+    ...rows(markers, 20),
+    'innermost agent JS function on the stack (inclusive of what it calls):',
+    ...rows(agentJs, 15),
+    'innermost JS function of any kind (inclusive of the native code it calls):',
+    ...rows(anyJs, 15),
   ].join('\n');
 }
 
