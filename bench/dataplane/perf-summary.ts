@@ -2,8 +2,9 @@
  * bench/dataplane/perf-summary: where a tunnel process's CPU goes in a `perf record -g` file of
  * a figure (written by `BENCH_PERF=1 node dist/bench/dataplane/run.js`, one file per agent or
  * relay). Reports:
- * - CPU use: samples over (sample rate x the file's time span), in cores, per thread name (the
- *   event loop is the `node` thread; V8's and libuv's helper threads have their own names);
+ * - CPU use: samples over (sample rate x the file's time span), in cores, for the main thread
+ *   (the event loop: tid = pid) and the other threads (in node: V8's platform workers, which run
+ *   the concurrent GC marking and sweeping, and libuv's pool);
  * - self buckets, each sample in one: kernel samples by the syscall or context they sit in (a
  *   TUN write() also carries the forwarding of the written packet to the next hop, inline, and a
  *   TCP send over a veth the delivery to the receiving socket), user samples by their innermost
@@ -39,6 +40,10 @@ const KERNEL: [string, string][] = [
   ['ksys_write', 'kernel: write(), entry and exit'],
 ];
 
+/** V8's garbage collector, on the main thread or its helper threads (frames anywhere on the stack). */
+const GC =
+  /Heap::|Scaveng|MarkCompact|Sweep|Evacuat|ConcurrentMarking|IncrementalMarking|MarkingVisitor|MinorMC|MarkingBarrier|GCTracer/;
+
 /** Frames looked for anywhere on a sample's stack (overlapping shares). */
 const MARKERS: [RegExp, string][] = [
   [/SSL_write|ssl3_write/, 'OpenSSL SSL_write (encrypt, into the TLS socket buffer)'],
@@ -48,18 +53,18 @@ const MARKERS: [RegExp, string][] = [
   [/tcp_recvmsg/, 'kernel TCP receive (every socket)'],
   [/do_epoll_ctl/, 'kernel epoll_ctl'],
   [/memmove|memcpy/, 'memcpy / memmove (user and kernel)'],
-  [/Heap::|Scaveng|MarkCompact|Sweep|Evacuat/, 'V8 GC'],
+  [GC, 'V8 GC (main thread and helpers)'],
   [/dist\/src\/dataplane\/streams\.js/, 'JS: StreamMux (streams.js, incl. what it calls)'],
   [/dist\/src\/transports\/frames\.js/, 'JS: tunnel framing (frames.js, incl. what it calls)'],
   [/dist\/src\/dataplane\/stream-frames\.js/, 'JS: stream frames (stream-frames.js, incl.)'],
   [/dist\/src\/dataplane\/shaper\.js/, 'JS: shaper (shaper.js, incl.)'],
 ];
 
-function userBucket(top: string): string {
+function userBucket(top: string, stack: string): string {
   if (/aesni|gcm|ghash|aes_gcm|AES_/i.test(top)) return 'user: AES-GCM';
+  if (GC.test(stack)) return 'user: V8 GC';
   if (/memmove|memcpy/.test(top)) return 'user: memcpy';
   if (/malloc|free|_int_|unlink_chunk|consolidate/.test(top)) return 'user: malloc/free';
-  if (/Heap|Scaveng|MarkCompact|Sweep|Evacuat/.test(top)) return 'user: V8 GC';
   if (top.includes('JS:')) return 'user: JS (own frame)';
   if (top.includes('libc')) return 'user: libc, other';
   if (top.includes('libcrypto') || top.includes('libssl')) return 'user: OpenSSL, other';
@@ -73,7 +78,7 @@ function sampleRate(file: string): number {
 }
 
 function summarise(file: string): string {
-  const r = spawnSync('perf', ['script', '-i', file, '-F', 'comm,tid,time,ip,sym,dso'], {
+  const r = spawnSync('perf', ['script', '-i', file, '-F', 'comm,pid,tid,time,ip,sym,dso'], {
     encoding: 'utf8',
     maxBuffer: 1 << 30,
   });
@@ -96,18 +101,18 @@ function summarise(file: string): string {
     const frames = lines.slice(1);
     if (!head || frames.length === 0) continue;
     total++;
-    // "node 15215/15215 12345.678901:" (comm may hold spaces: the fields are read from the end).
-    const hm = /^(.*?)\s+\d+(?:\/\d+)?\s+([\d.]+):?$/.exec(head);
+    // "node 15215/15216 12345.678901:" (comm may hold spaces: the fields are read from the end).
+    const hm = /^(.*?)\s+(\d+)\/(\d+)\s+([\d.]+):?$/.exec(head);
     if (hm) {
-      add(threads, hm[1]!);
-      const t = Number(hm[2]);
+      add(threads, `${hm[1]} ${hm[2] === hm[3] ? 'main thread' : 'other threads'}`);
+      const t = Number(hm[4]);
       first = Math.min(first, t);
       last = Math.max(last, t);
     }
     const text = frames.join('\n');
     if (frames[0]!.includes('[kernel.kallsyms]'))
       add(buckets, KERNEL.find(([k]) => text.includes(k))?.[1] ?? 'kernel: other');
-    else add(buckets, userBucket(frames[0]!));
+    else add(buckets, userBucket(frames[0]!, text));
     for (const [re, label] of MARKERS) if (re.test(text)) add(markers, label);
     const agent = frames
       .map((f) => /JS:\S*?(\w+) file:\/\/\S*?\/dist\/src\/(\S+?):\d+/.exec(f))

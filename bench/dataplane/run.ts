@@ -25,7 +25,9 @@
  *   gone, so the other paths always measure their own path. Each mesh figure is checked to have
  *   crossed the tunnel: the ingress's packet bytes plus stream payload bytes grew by at least half
  *   the bytes the destination's veth saw, or (ab) its streams opened by at least 90 % of the
- *   requests ab completed.
+ *   requests ab completed. Each mesh figure also records both agents' V8 garbage collections by
+ *   kind (prom-client's mesh_nodejs_gc_duration_seconds from /metrics): major GCs started by the
+ *   external memory of relayed Buffers can take half an agent's CPU.
  * - Figures: iperf3 -t DURATION -O 1 (receiver Gbit/s) with -P 1 and -P 4; iperf3 -u -b UDP_RATE
  *   (0 = as fast as the sender can) -l UDP_LEN (1350: fits wireguard's 1420 MTU), received
  *   Gbit/s and loss % (TCP relays carry no UDP: n/a there); ab -c AB_C -t DURATION without -k.
@@ -461,6 +463,36 @@ const tunDelta = (a: TunStats, b: TunStats): TunStats => ({
   rxDropped: b.rxDropped - a.rxDropped,
 });
 
+type GcStats = Record<string, { count: number; seconds: number }>;
+
+/**
+ * V8 garbage collections by kind (major, minor, incremental, weakcb) and their seconds, from
+ * prom-client's default metric the agent exports (mesh_nodejs_gc_duration_seconds). Major GCs
+ * started by external memory (the Buffers of the relayed bytes) can take half an agent's CPU.
+ */
+async function gcStats(node: Node): Promise<GcStats> {
+  const res = await node.agent.client.get('/metrics', { token: node.token });
+  const out: GcStats = {};
+  if (res.status !== 200) return out;
+  for (const line of res.text.split('\n')) {
+    const m = /^mesh_nodejs_gc_duration_seconds_(count|sum)\{kind="(\w+)"\} (\S+)$/.exec(line);
+    if (!m) continue;
+    const k = out[m[2]!] ?? { count: 0, seconds: 0 };
+    out[m[2]!] = k;
+    if (m[1] === 'count') k.count = Number(m[3]);
+    else k.seconds = Number(m[3]);
+  }
+  return out;
+}
+
+const gcDelta = (a: GcStats, b: GcStats): GcStats =>
+  Object.fromEntries(
+    Object.entries(b).map(([kind, v]) => [
+      kind,
+      { count: v.count - (a[kind]?.count ?? 0), seconds: v.seconds - (a[kind]?.seconds ?? 0) },
+    ]),
+  );
+
 async function meshCounters(node: Node, id: string): Promise<MeshCounters> {
   const res = await node.agent.client.get(`/v1/services/${id}`, { token: node.token });
   if (res.status !== 200) throw new Error(`GET service: ${res.status} ${res.text}`);
@@ -612,6 +644,8 @@ interface Sample extends Figure {
     /** The TUNs' kernel counters over the measurement (tx = packets offered to the agent). */
     ingressTun: TunStats;
     exitTun: TunStats;
+    /** Each agent's V8 garbage collections over the measurement, by kind. */
+    gc: { ingress: GcStats; exit: GcStats };
   };
   /** Anchors only: CPU seconds the two idle agents used meanwhile (their disturbance). */
   agentIdleCpuS?: number;
@@ -642,6 +676,8 @@ async function measure(rep: number, path: string, metric: Metric, fn: () => Prom
   const x0 = isMesh ? await meshCounters(exit!, serviceId!) : undefined;
   const ti0 = isMesh ? await tunStats(NS.ingress, m0!.interface) : undefined;
   const te0 = isMesh ? await tunStats(NS.exit, x0!.interface) : undefined;
+  const gi0 = isMesh ? await gcStats(ingress!) : undefined;
+  const ge0 = isMesh ? await gcStats(exit!) : undefined;
   const load0 = loadavg()[0]!;
   const perf =
     S.perf && PERF_PATHS.includes(path)
@@ -683,6 +719,7 @@ async function measure(rep: number, path: string, metric: Metric, fn: () => Prom
       streamsRefused: m1.streams_refused - m0!.streams_refused,
       ingressTun: tunDelta(ti0!, await tunStats(NS.ingress, m1.interface)),
       exitTun: tunDelta(te0!, await tunStats(NS.exit, x1.interface)),
+      gc: { ingress: gcDelta(gi0!, await gcStats(ingress!)), exit: gcDelta(ge0!, await gcStats(exit!)) },
     };
     // Half of what dest saw (its veth counts Ethernet headers, the tunnel IP bytes or stream
     // payload) is a loose but sure sign that the traffic crossed the tunnel rather than the
@@ -711,6 +748,9 @@ async function measure(rep: number, path: string, metric: Metric, fn: () => Prom
     s.cpuMsPerKConn !== null ? `${s.cpuMsPerKConn.toFixed(0)} CPU ms/1k conn` : '',
     s.mesh
       ? `streams ${s.mesh.streamsOpened} opened (${s.mesh.streamsReset} reset, ${s.mesh.streamsRefused} refused), ${((s.mesh.streamBytesUp + s.mesh.streamBytesDown) / 1e6).toFixed(0)} MB stream, ${((s.mesh.bytesSent + s.mesh.bytesReceived) / 1e6).toFixed(0)} MB packets`
+      : '',
+    s.mesh
+      ? `GC major ingress ${s.mesh.gc.ingress['major']?.count ?? '?'} (${(s.mesh.gc.ingress['major']?.seconds ?? 0).toFixed(2)} s), exit ${s.mesh.gc.exit['major']?.count ?? '?'} (${(s.mesh.gc.exit['major']?.seconds ?? 0).toFixed(2)} s)`
       : '',
     s.mesh
       ? `TUN drops ingress ${s.mesh.ingressTun.txDropped}/${s.mesh.ingressTun.txPackets}, exit ${s.mesh.exitTun.txDropped}/${s.mesh.exitTun.txPackets}`
@@ -871,6 +911,27 @@ function summary(): string {
         const r = ratios('mesh', p, m, 'value');
         lines.push(`- ${what}: ${med(r)}x ${pf(r, min)}`);
       }
+    }
+  }
+  const meshGc = samples.filter((s) => s.path === 'mesh' && s.mesh);
+  if (meshGc.length) {
+    const major = (s: Sample, side: 'ingress' | 'exit', k: 'count' | 'seconds') =>
+      s.mesh!.gc[side]['major']?.[k] ?? 0;
+    lines.push(
+      '',
+      "Mesh agents' V8 major GCs per measurement (prom-client's count and seconds; median [min-max] over reps):",
+      '',
+      '| figure | ingress count | ingress s | exit count | exit s |',
+      '|---|---|---|---|---|',
+    );
+    for (const m of METRICS) {
+      const xs = meshGc.filter((s) => s.metric === m);
+      if (!xs.length) continue;
+      const col = (side: 'ingress' | 'exit', k: 'count' | 'seconds') =>
+        cell(xs.map((s) => major(s, side, k)));
+      lines.push(
+        `| ${m} | ${col('ingress', 'count')} | ${col('ingress', 'seconds')} | ${col('exit', 'count')} | ${col('exit', 'seconds')} |`,
+      );
     }
   }
   const bad = samples.filter((s) => s.invalid);
