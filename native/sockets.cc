@@ -19,6 +19,8 @@
  */
 #include <napi.h>
 
+#include "system-error.h"
+
 #ifdef __linux__
 
 #include <arpa/inet.h>
@@ -34,27 +36,7 @@
 
 namespace {
 
-// libuv's names match Node's (err.code); an errno libuv does not know takes glibc's name.
-std::string ErrnoCode(int err) {
-  char buf[64];
-  const char* name = uv_err_name_r(-err, buf, sizeof buf);
-  if (strncmp(name, "Unknown", 7) != 0) return name;
-#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
-  const char* glibc = strerrorname_np(err);
-  if (glibc != nullptr) return glibc;
-#endif
-  return "E" + std::to_string(err);
-}
-
-// A JS Error shaped like Node's own system errors: code, errno (negative, as Node reports it), syscall.
-Napi::Error SystemError(Napi::Env env, int err, const std::string& syscall, const std::string& what) {
-  std::string code = ErrnoCode(err);
-  Napi::Error e = Napi::Error::New(env, what + ": " + code + " (" + strerror(err) + ")");
-  e.Set("code", Napi::String::New(env, code));
-  e.Set("errno", Napi::Number::New(env, -err));
-  e.Set("syscall", Napi::String::New(env, syscall));
-  return e;
-}
+using mesh::SystemError;
 
 struct Failure {
   int err = 0;

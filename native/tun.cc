@@ -18,6 +18,8 @@
  */
 #include <napi.h>
 
+#include "system-error.h"
+
 #ifdef __linux__
 
 #include <errno.h>
@@ -45,29 +47,8 @@ constexpr size_t kMaxPacket = 65536;
 constexpr uint32_t kMaxBatchPackets = 4096;
 constexpr size_t kMaxBatchBytes = 16u << 20;
 
-// libuv's names match Node's (err.code); errnos libuv does not know (EBADFD from a deleted device, say)
-// take glibc's name instead of "Unknown system error".
-std::string ErrnoCode(int err) {
-  char buf[64];
-  const char* name = uv_err_name_r(-err, buf, sizeof buf);
-  if (strncmp(name, "Unknown", 7) != 0) return name;
-#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
-  const char* glibc = strerrorname_np(err);
-  if (glibc != nullptr) return glibc;
-#endif
-  return "E" + std::to_string(err);
-}
-
-// A JS Error shaped like Node's own system errors: code ('EBUSY'), errno (negative, as Node reports it)
-// and syscall, with a message that says what was being done.
-Napi::Error SystemError(Napi::Env env, int err, const std::string& syscall, const std::string& what) {
-  std::string code = ErrnoCode(err);
-  Napi::Error e = Napi::Error::New(env, what + ": " + code + " (" + strerror(err) + ")");
-  e.Set("code", Napi::String::New(env, code));
-  e.Set("errno", Napi::Number::New(env, -err));
-  e.Set("syscall", Napi::String::New(env, syscall));
-  return e;
-}
+using mesh::ErrnoCode;
+using mesh::SystemError;
 
 Napi::Error InvalidName(Napi::Env env, const std::string& name, const std::string& why) {
   Napi::Error e = Napi::Error::New(env, "invalid TUN device name '" + name + "': " + why);
