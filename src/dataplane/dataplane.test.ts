@@ -4,6 +4,7 @@ import assert from 'node:assert/strict';
 import { afterEach, describe, it } from 'node:test';
 import { pino } from 'pino';
 import { udpV4 } from '../../test/helpers/ip-packets.js';
+import { planRoute, planService, S1, S2, S3 } from '../../test/helpers/plan-fixtures.js';
 import { MemoryNetwork, type MemoryTransport, memoryPublicKey } from '../transports/memory.js';
 import { StaticPeerDirectory } from '../transports/static-directory.js';
 import { DataPlane, type DataPlaneView } from './dataplane.js';
@@ -34,9 +35,6 @@ const A = 'a'.repeat(32);
 const B = 'b'.repeat(32);
 const Z = '0'.repeat(32);
 
-const S1 = '11111111-1111-4111-8111-111111111111';
-const S2 = '22222222-2222-4222-8222-222222222222';
-const S3 = '33333333-3333-4333-8333-333333333333';
 const UNKNOWN = '99999999-9999-4999-8999-999999999999';
 
 const API_PORT = 7480;
@@ -50,24 +48,9 @@ const ADDRESSES: Record<string, string> = {
   [Z]: '10.91.0.12',
 };
 
-const svc = (id: string, source: string, target: string, extra: Partial<PlanService> = {}): PlanService => ({
-  id,
-  sourcePeerId: source,
-  targetPeerId: target,
-  isActive: true,
-  requiresInterface: false,
-  desiredIpv4Cidr: null,
-  desiredIpv6Cidr: null,
-  ...extra,
-});
-
-const route = (id: number, serviceId: string, priority: number, dest: string | null): PlanRoute => ({
-  id,
-  serviceId,
-  priority,
-  sourceCidr: null,
-  destCidr: dest,
-});
+const svc = planService;
+const route = (id: number, serviceId: string, priority: number, dest: string | null): PlanRoute =>
+  planRoute(id, serviceId, priority, null, dest);
 
 function view(
   localPeerId: string,

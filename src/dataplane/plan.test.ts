@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
+import { planRoute, planService, S1, S2, S3 } from '../../test/helpers/plan-fixtures.js';
 import {
   AGENT_MARK,
   exitTableOf,
@@ -9,46 +10,13 @@ import {
   RULE_PREF,
   tableOf,
 } from './kernel/ownership.js';
-import {
-  compareRoutes,
-  networkOf,
-  type PlanInput,
-  type PlanRoute,
-  type PlanService,
-  plan,
-  serviceOfConnection,
-} from './plan.js';
+import { compareRoutes, networkOf, type PlanInput, plan, serviceOfConnection } from './plan.js';
 
 const ME = 'a'.repeat(32);
 const EXIT = 'b'.repeat(32);
 const OTHER = 'c'.repeat(32);
-const S1 = '11111111-1111-4111-8111-111111111111';
-const S2 = '22222222-2222-4222-8222-222222222222';
-const S3 = '33333333-3333-4333-8333-333333333333';
-
-const svc = (id: string, source: string, target: string, extra: Partial<PlanService> = {}): PlanService => ({
-  id,
-  sourcePeerId: source,
-  targetPeerId: target,
-  isActive: true,
-  requiresInterface: false,
-  desiredIpv4Cidr: null,
-  desiredIpv6Cidr: null,
-  ...extra,
-});
-const route = (
-  id: number,
-  serviceId: string,
-  priority: number,
-  src: string | null,
-  dst: string | null,
-): PlanRoute => ({
-  id,
-  serviceId,
-  priority,
-  sourceCidr: src,
-  destCidr: dst,
-});
+const svc = planService;
+const route = planRoute;
 
 function input(extra: Partial<PlanInput>): PlanInput {
   return {
