@@ -12,6 +12,7 @@ import { parseLicensePublicKey } from '../license/verify.js';
 import { writeFileAtomic } from '../store/key-files.js';
 import { devBanner, prepareDevMode } from './dev-mode.js';
 import { parseServeOptions, UsageError } from './serve-options.js';
+import { restartWithV8Flags } from './v8-flags.js';
 
 const USAGE = `usage:
   mesh-agent serve [--listen HOST:PORT] [--advertise HOST:PORT] [--data-dir DIR]
@@ -27,6 +28,8 @@ Every serve flag is also an environment variable MESH_<FLAG> (e.g. MESH_DATA_DIR
 
 async function serve(argv: string[]): Promise<void> {
   const opts = parseServeOptions(argv, process.env);
+  // Before anything is opened or written: the process may be replaced by itself here.
+  restartWithV8Flags();
   const keyTexts = opts.licensePublicKeys.map((k) => (existsSync(k) ? readFileSync(k, 'utf8') : k));
   let banner: string | undefined;
   if (opts.dev) {

@@ -35,6 +35,34 @@ const DEV_FILES = [
   'dev-bootstrap.json',
 ];
 
+/** The process's command line as the kernel has it (NUL-separated in /proc). */
+const cmdlineOf = (pid: number) => readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').filter(Boolean);
+
+describe('serve: V8 flags (src/cli/v8-flags.ts)', { timeout: 60_000 }, () => {
+  it('restarts in place with --initial-old-space-size: same pid, flag on its command line, API up', async () => {
+    const agent = await AgentProcess.start();
+    try {
+      const cmdline = cmdlineOf(agent.pid);
+      assert.ok(cmdline.includes('--initial-old-space-size=128'), cmdline.join(' '));
+      assert.equal(cmdline.filter((a) => a === 'serve').length, 1, 'the rest of the command line kept once');
+      assert.equal((await agent.client.raw('GET', '/livez')).status, 200);
+    } finally {
+      assert.equal(await agent.stop(), 0);
+    }
+  });
+
+  it('keeps the command line as it is with MESH_V8_FLAGS=off', async () => {
+    const agent = await AgentProcess.start({ env: { MESH_V8_FLAGS: 'off' } });
+    try {
+      const cmdline = cmdlineOf(agent.pid);
+      assert.ok(!cmdline.some((a) => a.startsWith('--initial-old-space-size')), cmdline.join(' '));
+      assert.equal((await agent.client.raw('GET', '/livez')).status, 200);
+    } finally {
+      assert.equal(await agent.stop(), 0);
+    }
+  });
+});
+
 describe('serve --dev', () => {
   let agent: AgentProcess;
   before(async () => {

@@ -66,6 +66,11 @@ export class AgentProcess {
     return agent;
   }
 
+  /** The agent's pid (also after its restart in place with its V8 flags: execv keeps the pid). */
+  get pid(): number {
+    return this.proc.pid!;
+  }
+
   /** Everything the process wrote to stdout and stderr so far. */
   get logs(): string {
     return this.output;
