@@ -7,6 +7,7 @@ import { KIND_PACKET } from './packet-frames.js';
 import {
   decodeStreamFrame,
   encodeData,
+  encodeDataParts,
   encodeFin,
   encodeOpen,
   encodeOpenFail,
@@ -88,6 +89,22 @@ describe('stream frames', () => {
     assert.deepEqual(decodeStreamFrame(encodeWindow(9, 123456)), { kind: 'window', id: 9, credit: 123456 });
     assert.deepEqual(decodeStreamFrame(encodeFin(10)), { kind: 'fin', id: 10 });
     assert.deepEqual(decodeStreamFrame(encodeRst(11)), { kind: 'rst', id: 11 });
+  });
+
+  it('DATA in parts: a 5-byte header and views of the chunks, nothing copied', () => {
+    const chunks = [Buffer.alloc(40_000, 1), Buffer.alloc(40_000, 2)];
+    const frame = encodeDataParts(3, chunks, 50_000);
+    assert.equal(frame.length, 5 + 50_000);
+    assert.equal(frame.parts.length, 3);
+    assert.equal(frame.parts[1], chunks[0], 'the first chunk itself');
+    assert.equal(frame.parts[2]!.buffer, chunks[1]!.buffer, 'a view of the second');
+    assert.equal(frame.parts[2]!.byteOffset, chunks[1]!.byteOffset);
+    assert.equal(frame.parts[2]!.length, 10_000);
+    assert.deepEqual(decodeStreamFrame(Buffer.concat(frame.parts)), {
+      kind: 'data',
+      id: 3,
+      payload: Buffer.concat([chunks[0]!, chunks[1]!.subarray(0, 10_000)]),
+    });
   });
 
   it('DATA takes its payload from the front of several chunks, up to a full tunnel message', () => {

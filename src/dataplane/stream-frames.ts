@@ -18,7 +18,7 @@
  * WARNING: the numbers are on the wire: ONLY APPEND kinds and reasons.
  */
 import { formatIp, parseIpv4, parseIpv6 } from '../domain/cidr.js';
-import { MAX_MESSAGE_BYTES } from '../transports/tunnel.js';
+import { MAX_MESSAGE_BYTES, type MessageParts } from '../transports/tunnel.js';
 import { uuidBytes } from './packet-frames.js';
 
 export const KIND_STREAM_OPEN = 2;
@@ -125,18 +125,30 @@ export function encodeOpenFail(id: number, reason: OpenFailReason): Buffer {
   return out;
 }
 
-/** One DATA frame holding `length` bytes taken from the front of `chunks` (which must have them). */
-export function encodeData(id: number, chunks: readonly Buffer[], length: number): Buffer {
+/**
+ * One DATA frame holding `length` bytes taken from the front of `chunks` (which must have them),
+ * as a header and views of the chunks: the payload is not copied (the transport writes long
+ * pieces by reference), so the chunks must not change afterwards.
+ */
+export function encodeDataParts(id: number, chunks: readonly Buffer[], length: number): MessageParts {
   if (!Number.isInteger(length) || length < 1 || length > MAX_DATA_PAYLOAD)
     throw new Error(`bad DATA length ${length}`);
-  const out = header(KIND_STREAM_DATA, id, length);
-  let at = HEADER;
+  const parts = [header(KIND_STREAM_DATA, id, 0)];
+  let left = length;
   for (const chunk of chunks) {
-    if (at === out.length) break;
-    at += chunk.copy(out, at, 0, Math.min(chunk.length, out.length - at));
+    if (left === 0) break;
+    const piece = chunk.length <= left ? chunk : chunk.subarray(0, left);
+    parts.push(piece);
+    left -= piece.length;
   }
-  if (at !== out.length) throw new Error('DATA chunks are shorter than the length');
-  return out;
+  if (left !== 0) throw new Error('DATA chunks are shorter than the length');
+  return { parts, length: HEADER + length };
+}
+
+/** encodeDataParts in one buffer (tests and tools). */
+export function encodeData(id: number, chunks: readonly Buffer[], length: number): Buffer {
+  const frame = encodeDataParts(id, chunks, length);
+  return Buffer.concat(frame.parts, frame.length);
 }
 
 export function encodeWindow(id: number, credit: number): Buffer {

@@ -31,9 +31,10 @@
  * DATA is answered with RST so that a sender that missed the end stops), and are counted.
  */
 import type { Socket } from 'node:net';
+import type { OutboundMessage } from '../transports/tunnel.js';
 import {
   decodeStreamFrame,
-  encodeData,
+  encodeDataParts,
   encodeFin,
   encodeOpen,
   encodeOpenFail,
@@ -53,7 +54,7 @@ export type { OpenFailReason, StreamEnds } from './stream-frames.js';
 /** How the mux reaches a peer: the data plane passes the tunnel transport. */
 export interface StreamLink {
   /** Queues the messages in order; false: above the high-water mark, wait for onDrain(peerId). */
-  send(peerId: string, messages: Buffer[]): boolean;
+  send(peerId: string, messages: OutboundMessage[]): boolean;
   /**
    * The tunnel's round-trip time to the peer (Tunnel.stats().lastRttMs), for growing the
    * windows of fast streams; without it (or null/0) every stream keeps initialWindow.
@@ -144,7 +145,7 @@ interface PeerState {
   nextId: number;
   /** link.send() returned false; reading sockets stay paused until onDrain. */
   blocked: boolean;
-  outbox: Buffer[];
+  outbox: OutboundMessage[];
   flushScheduled: boolean;
 }
 
@@ -558,7 +559,7 @@ export class StreamMux {
   }
 
   private sendData(s: Stream, n: number): void {
-    this.enqueue(s.peer, encodeData(s.id, s.pending, n));
+    this.enqueue(s.peer, encodeDataParts(s.id, s.pending, n));
     let left = n;
     while (left > 0) {
       const head = s.pending[0]!;
@@ -716,7 +717,7 @@ export class StreamMux {
   }
 
   /** Frames produced in one turn (a batch of tunnel messages, a socket read) go in one send. */
-  private enqueue(peer: PeerState, frame: Buffer): void {
+  private enqueue(peer: PeerState, frame: OutboundMessage): void {
     peer.outbox.push(frame);
     if (peer.flushScheduled) return;
     peer.flushScheduled = true;

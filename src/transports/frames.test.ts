@@ -3,6 +3,8 @@ import { describe, it } from 'node:test';
 import fc from 'fast-check';
 import {
   ACCEPT_FRAME,
+  BY_REFERENCE_BYTES,
+  dataFrameChunks,
   encodeControlFrame,
   encodeDataFrames,
   FRAME_ACCEPT,
@@ -11,6 +13,7 @@ import {
   FRAME_PONG,
   FrameDecoder,
 } from './frames.js';
+import { messageParts } from './tunnel.js';
 
 interface Frame {
   type: number;
@@ -45,6 +48,30 @@ describe('frames', () => {
     assert.deepEqual([...ping.subarray(0, 4)], [FRAME_PING, 0, 0, 8]);
     assert.equal(ping.subarray(4).toString(), '12345678');
     assert.deepEqual([...ACCEPT_FRAME], [FRAME_ACCEPT, 0, 0, 0]);
+  });
+
+  it('writes long pieces by reference and coalesces headers and short pieces, whole or in parts', () => {
+    const big = Buffer.alloc(BY_REFERENCE_BYTES, 7);
+    const huge = Buffer.alloc(60_000, 8);
+    const messages = [
+      Buffer.from('hi'),
+      messageParts([Buffer.from([1, 2, 3, 4, 5]), big]),
+      huge,
+      messageParts([Buffer.from('x'), Buffer.from('yz')]),
+    ];
+    const chunks = dataFrameChunks(messages);
+    // header+'hi'+header+5 bytes | big | header | huge | header+'x'+'yz'
+    assert.equal(chunks.length, 5);
+    assert.equal(chunks[1], big, 'the same buffer, not a copy');
+    assert.equal(chunks[3], huge);
+    assert.equal(chunks[0]!.length, 4 + 2 + 4 + 5);
+    assert.equal(chunks[2]!.length, 4);
+    const frames: Frame[] = [];
+    assert.equal(decoderInto(frames).push(Buffer.concat(chunks)), undefined);
+    assert.deepEqual(
+      frames.map((f) => f.payload),
+      [Buffer.from('hi'), Buffer.concat([Buffer.from([1, 2, 3, 4, 5]), big]), huge, Buffer.from('xyz')],
+    );
   });
 
   it('decodes any stream of valid frames, however it is cut into chunks', () => {

@@ -18,7 +18,7 @@
  * every byte, so frames carry no checksum or sequence number; the version is that of the HTTP
  * Upgrade token (`mesh-tunnel/1`).
  */
-import { MAX_MESSAGE_BYTES } from './tunnel.js';
+import { MAX_MESSAGE_BYTES, type OutboundMessage, piecesOf } from './tunnel.js';
 
 export const FRAME_HEADER_BYTES = 4;
 export const FRAME_DATA = 1;
@@ -28,20 +28,52 @@ export const FRAME_ACCEPT = 4;
 export const PING_PAYLOAD_BYTES = 8;
 
 /**
- * DATA frames for all messages in one buffer (one TLS write per batch; TLS would copy separate
- * chunks into one record anyway). The caller has checked each message's size.
+ * Pieces at least this long are written by reference, not copied: a copy of each 64 KiB of a
+ * stream into a fresh buffer is what fed V8's major-GC storms (docs/benchmarks.md). Shorter ones
+ * (IP packets, stream control frames, headers) are copied into shared chunks: one write each
+ * would cost more than the copy.
  */
-export function encodeDataFrames(messages: readonly Buffer[]): Buffer {
-  let total = 0;
-  for (const m of messages) total += FRAME_HEADER_BYTES + m.length;
-  const out = Buffer.allocUnsafe(total);
+export const BY_REFERENCE_BYTES = 8192;
+
+/**
+ * The bytes of DATA frames for `messages`, as few chunks as possible for one corked write: the
+ * frame headers and short pieces coalesced into fresh chunks, long pieces as they are (TLS
+ * encrypts all of one write into records together, so the chunking does not show on the wire).
+ * The caller has checked each message's size.
+ */
+export function dataFrameChunks(messages: readonly OutboundMessage[]): Buffer[] {
+  let copied = 0;
+  for (const m of messages) {
+    copied += FRAME_HEADER_BYTES;
+    for (const p of piecesOf(m)) if (p.length < BY_REFERENCE_BYTES) copied += p.length;
+  }
+  const chunks: Buffer[] = [];
+  let out = Buffer.allocUnsafe(copied);
   let at = 0;
+  const flush = () => {
+    if (at === 0) return;
+    chunks.push(out.subarray(0, at));
+    out = out.subarray(at);
+    at = 0;
+  };
   for (const m of messages) {
     out.writeUInt32BE((FRAME_DATA << 24) | m.length, at);
     at += FRAME_HEADER_BYTES;
-    at += m.copy(out, at);
+    for (const p of piecesOf(m)) {
+      if (p.length < BY_REFERENCE_BYTES) at += p.copy(out, at);
+      else {
+        flush();
+        chunks.push(p);
+      }
+    }
   }
-  return out;
+  flush();
+  return chunks;
+}
+
+/** The DATA frames of `messages` in one buffer (tests and tools that write raw frames). */
+export function encodeDataFrames(messages: readonly OutboundMessage[]): Buffer {
+  return Buffer.concat(dataFrameChunks(messages));
 }
 
 export function encodeControlFrame(type: typeof FRAME_PING | typeof FRAME_PONG, payload: Buffer): Buffer {

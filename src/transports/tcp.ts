@@ -22,8 +22,8 @@ import { parsePeerAddress } from '../domain/peer-address.js';
 import type { BackoffOptions } from './backoff.js';
 import {
   ACCEPT_FRAME,
+  dataFrameChunks,
   encodeControlFrame,
-  encodeDataFrames,
   FRAME_ACCEPT,
   FRAME_DATA,
   FRAME_PING,
@@ -38,7 +38,7 @@ import {
   UPGRADE_RESPONSE,
   UpgradeRefused,
 } from './http-upgrade.js';
-import type { FaultReason, PeerDirectory, TransportLogger } from './tunnel.js';
+import type { FaultReason, OutboundMessage, PeerDirectory, TransportLogger } from './tunnel.js';
 import { certifiedKey, selfSignedCertificate } from './tunnel-certificate.js';
 import { type Link, type LinkSink, TunnelKeeper } from './tunnel-keeper.js';
 
@@ -395,9 +395,16 @@ class TcpLink implements Link {
     this.ticker.unref();
   }
 
-  send(messages: readonly Buffer[]): boolean {
+  send(messages: readonly OutboundMessage[]): boolean {
     if (this.finished) return true;
-    this.secure.write(encodeDataFrames(messages));
+    const chunks = dataFrameChunks(messages);
+    if (chunks.length === 1) this.secure.write(chunks[0]!);
+    else {
+      // One writev, so one SSL_write: as few TLS records and socket writes as one buffer gives.
+      this.secure.cork();
+      for (const c of chunks) this.secure.write(c);
+      this.secure.uncork();
+    }
     if (this.secure.writableLength <= this.timing.highWaterMark) return true;
     this.wantDrain = true;
     return false;

@@ -12,6 +12,7 @@ import { FaultLog } from './fault-log.js';
 import {
   type FaultReason,
   MAX_MESSAGE_BYTES,
+  type OutboundMessage,
   type PeerDirectory,
   type TransportLogger,
   type Tunnel,
@@ -38,7 +39,7 @@ export interface Link {
   /** Starts delivering to the sink (messages received before are held until then). */
   open(sink: LinkSink): void;
   /** Queues the messages (sizes already checked); false above the high-water mark. */
-  send(messages: readonly Buffer[]): boolean;
+  send(messages: readonly OutboundMessage[]): boolean;
   /** Closes it; the sink hears nothing more. Idempotent. */
   close(): void;
 }
@@ -335,7 +336,7 @@ class KeptTunnel implements Tunnel {
     readonly backoff: Backoff,
   ) {}
 
-  send(messages: readonly Buffer[]): boolean {
+  send(messages: readonly OutboundMessage[]): boolean {
     const link = this.link;
     if (!link) {
       this.counters.dropped += messages.length;

@@ -31,19 +31,42 @@ export interface TunnelStats {
   lastRttMs: number | null;
 }
 
+/**
+ * A message given in pieces: they are sent back to back and arrive as one message. It lets a
+ * sender put a small header before a large payload without copying the payload (the stream
+ * path's DATA frames). `length` is the sum of the pieces' lengths.
+ */
+export interface MessageParts {
+  readonly parts: readonly Buffer[];
+  readonly length: number;
+}
+
+/** What send() takes: a message whole or in pieces. */
+export type OutboundMessage = Buffer | MessageParts;
+
+export function messageParts(parts: readonly Buffer[]): MessageParts {
+  let length = 0;
+  for (const p of parts) length += p.length;
+  return { parts, length };
+}
+
+/** The pieces of an outbound message (a whole one is its only piece). */
+export const piecesOf = (m: OutboundMessage): readonly Buffer[] => (Buffer.isBuffer(m) ? [m] : m.parts);
+
 export interface Tunnel {
   readonly peerId: string;
   readonly state: TunnelState;
   /**
-   * Queues messages for the peer, in order, coalesced into as few writes as possible. The
-   * transport copies them before returning: the caller may reuse the buffers at once.
+   * Queues messages for the peer, in order, coalesced into as few writes as possible. Large
+   * buffers may be written by reference, after send() returned: the caller must not change a
+   * buffer it has sent (fresh buffers, or views of them, are what callers send).
    * Returns false when the bytes waiting to be written exceed the high-water mark: the caller
    * should pause its input until the transport's `drain` event for this peer (the messages of
    * this call are queued all the same). While not up, messages are dropped and counted (they are
    * IP packets; the protocols inside recover) and send returns true, as there is nothing to wait
    * for. A message over 64 KiB is dropped and counted too.
    */
-  send(messages: readonly Buffer[]): boolean;
+  send(messages: readonly OutboundMessage[]): boolean;
   stats(): TunnelStats;
 }
 
