@@ -26,11 +26,13 @@ import { decodeMessage, encodePacket, uuidBytes } from './packet-frames.js';
 import {
   type CarriedService,
   carriedServices,
+  isSpecialDestination,
   type Plan,
   type PlanRoute,
   type PlanService,
+  parseAddress,
   plan,
-  serviceOfConnection,
+  RouteMatcher,
 } from './plan.js';
 import { forwardingProblems } from './requirements.js';
 import { FairShaper } from './shaper.js';
@@ -176,7 +178,13 @@ export class DataPlane {
   private readonly dropsByService = new Map<string, Map<DropReason, number>>();
   private lastPlan: Plan | null = null;
   private lastPlanUnreachable: ReadonlySet<string> = new Set();
-  private appliedIngressRoutes: readonly PlanRoute[] = [];
+  /** Names intercepted connections: the routes the kernel now selects by (set after each apply). */
+  private ingressMatcher = new RouteMatcher([]);
+  /** routesAllow's matchers, per service, for the view they were compiled from (rebuilt when it changes). */
+  private exitMatchers: { view: DataPlaneView | null; byService: Map<string, RouteMatcher> } = {
+    view: null,
+    byService: new Map(),
+  };
   private nft: { applied: string | null; appliedFrom: string | null } = { applied: null, appliedFrom: null };
   private running: Promise<void> | null = null;
   private again = false;
@@ -262,11 +270,19 @@ export class DataPlane {
 
   /** Whether a stream's ends are ones the service's routes select, and not a special address. */
   private routesAllow(serviceId: string, ends: StreamEnds): boolean {
-    // Loopback, unspecified, multicast, broadcast, v4-mapped: never a destination of a route.
-    const special = /^(127\.|0\.|2(2[4-9]|3\d)\.|255\.255\.255\.255$)|^(::1?|ff[0-9a-f]{2}:.*)$/i;
-    if (special.test(ends.dstAddr) || ends.dstAddr.toLowerCase().startsWith('::ffff:')) return false;
-    const own = (this.view?.routes ?? []).filter((r) => r.serviceId === serviceId);
-    return serviceOfConnection(own, ends.srcAddr, ends.dstAddr) === serviceId;
+    // Loopback, unspecified, multicast, broadcast, v4-mapped: never a destination of a route; nor
+    // is what is not an address.
+    const dst = parseAddress(ends.dstAddr);
+    if (!dst || isSpecialDestination(dst)) return false;
+    // Compiled once per view and service: this runs for every stream a peer opens.
+    const view = this.view;
+    if (this.exitMatchers.view !== view) this.exitMatchers = { view, byService: new Map() };
+    let matcher = this.exitMatchers.byService.get(serviceId);
+    if (!matcher) {
+      matcher = new RouteMatcher((view?.routes ?? []).filter((r) => r.serviceId === serviceId));
+      this.exitMatchers.byService.set(serviceId, matcher);
+    }
+    return matcher.serviceOfParsed(parseAddress(ends.srcAddr), dst) === serviceId;
   }
 
   /** The address a MACVLAN exit's streams leave from, in the family asked for. */
@@ -315,7 +331,7 @@ export class DataPlane {
       socket.destroy();
       return;
     }
-    const serviceId = serviceOfConnection(this.appliedIngressRoutes, src, dst);
+    const serviceId = this.ingressMatcher.serviceOf(src, dst);
     const c = serviceId ? this.carried.get(serviceId) : undefined;
     if (!c || this.options.transport.tunnel(c.service.peerId)?.state !== 'up') {
       socket.resetAndDestroy();
@@ -583,7 +599,7 @@ export class DataPlane {
     // What the kernel now selects: intercepted connections are named by these, not by a newer
     // view that the kernel does not follow yet.
     const ingressIds = new Set(next.carried.filter((c) => c.role === 'ingress').map((c) => c.serviceId));
-    this.appliedIngressRoutes = view.routes.filter((r) => ingressIds.has(r.serviceId));
+    this.ingressMatcher = new RouteMatcher(view.routes.filter((r) => ingressIds.has(r.serviceId)));
     this.resetConnections(unreachable);
     this.lastError = null;
     const exit = next.carried.some((c) => c.role === 'exit');

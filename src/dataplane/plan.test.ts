@@ -1,6 +1,9 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { planRoute, planService, S1, S2, S3 } from '../../test/helpers/plan-fixtures.js';
+import { oldIsSpecialText, oldServiceOfConnection } from '../../test/helpers/route-match-oracle.js';
+import { prng } from '../../test/helpers/seeded-random.js';
+import { formatIp } from '../domain/cidr.js';
 import {
   AGENT_MARK,
   exitTableOf,
@@ -10,7 +13,17 @@ import {
   RULE_PREF,
   tableOf,
 } from './kernel/ownership.js';
-import { compareRoutes, networkOf, type PlanInput, plan, serviceOfConnection } from './plan.js';
+import {
+  compareRoutes,
+  isSpecialDestination,
+  networkOf,
+  type PlanInput,
+  type PlanRoute,
+  parseAddress,
+  plan,
+  RouteMatcher,
+  serviceOfConnection,
+} from './plan.js';
 
 const ME = 'a'.repeat(32);
 const EXIT = 'b'.repeat(32);
@@ -290,5 +303,222 @@ describe('plan: the service of an intercepted connection', () => {
     assert.equal(serviceOfConnection(routes, 'fd91:1::2', 'fd92::1'), S1);
     assert.equal(serviceOfConnection(routes.slice(0, 3), '10.91.9.7', '192.0.2.1'), null);
     assert.equal(serviceOfConnection(routes.slice(0, 3), 'fd91:1::2', 'fd92::1'), null); // IPv4 routes only
+  });
+});
+
+describe('plan: RouteMatcher agrees with the old serviceOfConnection (seeded random)', () => {
+  const SEED = 0x5eed_0a7c;
+  const rand = prng(SEED);
+  const int = (n: number) => Math.floor(rand() * n);
+  const pick = <T>(xs: readonly T[]): T => xs[int(xs.length)]!;
+  const SERVICES = [S1, S2, S3];
+  // Few bases, so that routes overlap and addresses fall inside them often.
+  const randomBytes = (n: number) => Uint8Array.from({ length: n }, () => int(256));
+  const bases = [
+    ...Array.from({ length: 4 }, () => randomBytes(4)),
+    ...Array.from({ length: 4 }, () => {
+      const b = randomBytes(16);
+      b.fill(0, 4, 4 + int(12)); // zero runs, so the texts compress
+      return b;
+    }),
+  ];
+  /** A copy of `base` sharing at least its first `keep` bits, the rest random. */
+  const near = (base: Uint8Array, keep: number) => {
+    const b = Uint8Array.from(base);
+    for (let bit = keep; bit < b.length * 8; bit++) {
+      if (rand() < 0.5) b[bit >> 3]! ^= 1 << (7 - (bit & 7));
+    }
+    return b;
+  };
+  /** Address text: canonical mostly; sometimes uppercase or fully spelled out (both parse). */
+  const spell = (b: Uint8Array) => {
+    const text = formatIp(b);
+    if (b.length === 4 || rand() < 0.8) return text;
+    if (rand() < 0.5) return text.toUpperCase();
+    const groups: string[] = [];
+    for (let i = 0; i < 16; i += 2) groups.push(((b[i]! << 8) | b[i + 1]!).toString(16));
+    return groups.join(':');
+  };
+  const INVALID_CIDRS = [
+    '',
+    'garbage',
+    '10.0.0.1/33',
+    '10.0.0.01/8',
+    'fd00::/129',
+    '1.2.3.4/',
+    '::ffff:1.2.3.4/96',
+  ];
+  const INVALID_ADDRESSES = [
+    '',
+    'x',
+    '::ffff:10.0.0.1',
+    '10.0.0.256',
+    '1.2.3.4/40',
+    'fe80::1%eth0',
+    ' 10.0.0.1',
+  ];
+  const randomCidr = (): string | null => {
+    const r = rand();
+    if (r < 0.2) return null;
+    if (r < 0.25) return pick(INVALID_CIDRS);
+    const base = pick(bases);
+    const bits = base.length * 8;
+    const prefix = int(bits + 1);
+    const b = near(base, Math.max(0, prefix - int(3))); // sometimes off the base's network
+    if (rand() < 0.5) for (let bit = prefix; bit < bits; bit++) b[bit >> 3]! &= ~(1 << (7 - (bit & 7)));
+    // A bare address is a host (parseCidrLoose), as the kernel's own selectors take it.
+    return rand() < 0.05 ? spell(b) : `${spell(b)}/${prefix}`;
+  };
+  const randomAddress = (): string => {
+    if (rand() < 0.1) return pick(INVALID_ADDRESSES);
+    const base = pick(bases);
+    const text = spell(near(base, int(base.length * 8 + 1)));
+    return rand() < 0.03 ? `${text}/${int(base.length * 8 + 1)}` : text;
+  };
+  const randomRoutes = (): PlanRoute[] =>
+    Array.from({ length: int(13) }, (_, i) =>
+      route(rand() < 0.1 ? int(i + 1) : i + 1, pick(SERVICES), int(3), randomCidr(), randomCidr()),
+    );
+
+  it(`20,000 lookups over 1,000 route sets (seed ${SEED})`, () => {
+    let named = 0;
+    let cases = 0;
+    for (let set = 0; set < 1000; set++) {
+      const routes = randomRoutes();
+      const matcher = new RouteMatcher(routes);
+      for (let i = 0; i < 20; i++) {
+        const src = randomAddress();
+        const dst = randomAddress();
+        const want = oldServiceOfConnection(routes, src, dst);
+        const got = [
+          matcher.serviceOf(src, dst),
+          matcher.serviceOfParsed(parseAddress(src), parseAddress(dst)),
+          serviceOfConnection(routes, src, dst),
+        ];
+        if (got.some((g) => g !== want)) {
+          assert.deepEqual(
+            got,
+            [want, want, want],
+            `set ${set}, ${src} -> ${dst}, ${JSON.stringify(routes)}`,
+          );
+        }
+        cases++;
+        if (want !== null) named++;
+      }
+    }
+    // Both outcomes are common: the comparison is not all nulls, nor all catch-alls.
+    assert.ok(named > cases * 0.25 && named < cases * 0.9, `${named} of ${cases} named a service`);
+  });
+
+  it('prefixes at the word edges, /0 and full length, both families', () => {
+    for (const [cidr, inside, outside] of [
+      ['0.0.0.0/0', '255.255.255.255', 'fd00::1'],
+      ['10.1.2.3/32', '10.1.2.3', '10.1.2.2'],
+      ['10.128.0.0/9', '10.255.0.1', '10.127.0.1'],
+      ['::/0', 'ffff::1', '10.0.0.1'],
+      ['fd00:0:0:1::/32', 'fd00::1', 'fd01::'],
+      ['fd00:0:8000::/33', 'fd00:0:ffff::', 'fd00:0:7fff::'],
+      ['fd00::1:0:0:0/64', 'fd00::ffff:ffff:ffff:ffff', 'fd00:0:0:1::'],
+      ['fd00::1:2/127', 'fd00::1:3', 'fd00::1:4'],
+      ['fd00::1:2/128', 'fd00::1:2', 'fd00::1:3'],
+    ] as const) {
+      const routes = [route(1, S1, 0, null, cidr)];
+      const m = new RouteMatcher(routes);
+      assert.equal(m.serviceOf('10.0.0.9', inside), S1, `${cidr} holds ${inside}`);
+      assert.equal(m.serviceOf('10.0.0.9', outside), null, `${cidr} does not hold ${outside}`);
+      for (const dst of [inside, outside]) {
+        assert.equal(m.serviceOf('10.0.0.9', dst), oldServiceOfConnection(routes, '10.0.0.9', dst));
+      }
+    }
+  });
+
+  it('a missing CIDR holds even what is not an address; a CIDR that does not parse holds nothing', () => {
+    const m = new RouteMatcher([route(1, S1, 0, 'garbage', null), route(2, S2, 1, null, null)]);
+    assert.equal(m.serviceOf('not an address', 'neither'), S2);
+    assert.equal(new RouteMatcher([]).serviceOf('10.0.0.1', '10.0.0.2'), null);
+  });
+});
+
+describe('plan: special destinations (never dialled by an exit)', () => {
+  const special = (text: string) => isSpecialDestination(parseAddress(text)!);
+
+  it('refuses each class, in both families', () => {
+    for (const text of [
+      '127.0.0.1',
+      '127.255.255.254',
+      '::1',
+      '0.0.0.0',
+      '0.1.2.3',
+      '::',
+      '224.0.0.1',
+      '239.255.255.255',
+      'ff02::1',
+      'ff00::',
+      'ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff',
+      '255.255.255.255',
+      '::ffff:0:0',
+      '::ffff:a00:1',
+      '::ffff:ffff:ffff',
+      '::ffff:1:2:3', // 0:0:0:0:ffff:1:2:3 prints so; the old text test refused it too
+    ]) {
+      assert.equal(special(text), true, text);
+      assert.equal(oldIsSpecialText(text), true, `${text} (old)`);
+    }
+  });
+
+  it('lets ordinary addresses through, the neighbours of each class included', () => {
+    for (const text of [
+      '126.255.255.255',
+      '128.0.0.0',
+      '1.0.0.0',
+      '223.255.255.255',
+      '240.0.0.1',
+      '255.255.255.254',
+      '10.91.2.1',
+      '::2',
+      '::ffff',
+      '::fffe:0:0',
+      '1::ffff:0:0',
+      'fe80::1',
+      'feff::1',
+      'fd92::1',
+      '2001:db8::1',
+    ]) {
+      assert.equal(special(text), false, text);
+      assert.equal(oldIsSpecialText(text), false, `${text} (old)`);
+    }
+  });
+
+  it('agrees with the old text test on the canonical text of 50,000 seeded addresses', () => {
+    const rand = prng(0x5bec_1a1);
+    const int = (n: number) => Math.floor(rand() * n);
+    let refused = 0;
+    for (let i = 0; i < 50_000; i++) {
+      let bytes: Uint8Array;
+      if (rand() < 0.4) {
+        bytes = Uint8Array.from({ length: 4 }, () => int(256));
+        if (rand() < 0.3) bytes[0] = pick([0, 127, 223, 224, 239, 240, 255]);
+        if (rand() < 0.05) bytes.fill(255);
+      } else {
+        // Zero groups and ffff groups at random places: the `::`, `::1` and `::ffff:` texts.
+        bytes = new Uint8Array(16);
+        for (let g = 0; g < 8; g++) {
+          const r = rand();
+          const v = r < 0.5 ? 0 : r < 0.65 ? 0xffff : r < 0.75 ? 1 : int(0x10000);
+          bytes[2 * g] = v >> 8;
+          bytes[2 * g + 1] = v & 0xff;
+        }
+        if (rand() < 0.1) bytes[0] = 0xff;
+      }
+      const text = formatIp(bytes);
+      const want = oldIsSpecialText(text);
+      assert.equal(isSpecialDestination(bytes), want, text);
+      if (want) refused++;
+    }
+    assert.ok(refused > 5_000 && refused < 45_000, `${refused} refused`);
+
+    function pick<T>(xs: readonly T[]): T {
+      return xs[int(xs.length)]!;
+    }
   });
 });

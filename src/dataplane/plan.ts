@@ -13,8 +13,11 @@
  * connection mark N, are NATed (masquerade, or SNAT to the MACVLAN address) and routed by main
  * (or by exitTableOf(N), out of the MACVLAN). Replies carry the connection mark back into a
  * packet mark, which a rule sends to tableOf(N), into the TUN.
+ *
+ * For the stream path it also names the service of a TCP connection by the same route order
+ * (RouteMatcher: compiled once, asked per connection by dataplane.ts at the ingress and the exit).
  */
-import { parseCidr } from '../domain/cidr.js';
+import { formatIp, parseCidr, parseIp } from '../domain/cidr.js';
 import { formatCidr, masked, parseCidrLoose } from './kernel/canonical.js';
 import {
   AGENT_MARK,
@@ -410,15 +413,137 @@ function nftRuleset(
  * route, in selection order, whose CIDRs hold both addresses (a missing CIDR holds any address of
  * either family). The policy rules follow the same order, and TPROXY acts on their verdict (the
  * fib lookup in nftRuleset), so this names the service whose TUN the connection was bound for.
- * `routes`: the routes of the services this agent is the ingress of.
+ * `routes`: the routes of the services this agent is the ingress of. Compiles the routes on every
+ * call: where they are asked many times, keep a RouteMatcher instead.
  */
 export function serviceOfConnection(routes: readonly PlanRoute[], src: string, dst: string): string | null {
-  for (const r of [...routes].sort(compareRoutes)) {
-    if (r.sourceCidr !== null && !contains(r.sourceCidr, src)) continue;
-    if (r.destCidr !== null && !contains(r.destCidr, dst)) continue;
-    return r.serviceId;
+  return new RouteMatcher(routes).serviceOf(src, dst);
+}
+
+/**
+ * serviceOfConnection's routes compiled once, for lookups per connection (the data plane's
+ * ingress names each intercepted connection with it, its exit checks each stream it is asked to
+ * open): sorted into selection order once, every CIDR parsed once into masked 32-bit words, so
+ * a lookup parses each address once and compares numbers, making no strings.
+ */
+export class RouteMatcher {
+  private readonly routes: readonly { serviceId: string; source: CompiledCidr; dest: CompiledCidr }[];
+  /** Whether any route has a source CIDR: if none, the source address need not be parsed. */
+  private readonly anySource: boolean;
+
+  constructor(routes: readonly PlanRoute[]) {
+    this.routes = [...routes].sort(compareRoutes).map((r) => ({
+      serviceId: r.serviceId,
+      source: compileCidr(r.sourceCidr),
+      dest: compileCidr(r.destCidr),
+    }));
+    this.anySource = routes.some((r) => r.sourceCidr !== null);
   }
-  return null;
+
+  /** The service of a connection from `src` to `dst` (address texts), or null. */
+  serviceOf(src: string, dst: string): string | null {
+    return this.lookup(this.anySource ? wordsOf(parseAddress(src)) : undefined, wordsOf(parseAddress(dst)));
+  }
+
+  /** The same for addresses already parsed with parseAddress (undefined: not an address). */
+  serviceOfParsed(src: Uint8Array | undefined, dst: Uint8Array | undefined): string | null {
+    return this.lookup(wordsOf(src), wordsOf(dst));
+  }
+
+  private lookup(src: Int32Array | undefined, dst: Int32Array | undefined): string | null {
+    for (const r of this.routes) {
+      if (holds(r.source, src) && holds(r.dest, dst)) return r.serviceId;
+    }
+    return null;
+  }
+}
+
+/**
+ * A route's CIDR ready to test addresses against: `net` the network's 32-bit words (1 for IPv4,
+ * 4 for IPv6) with the host bits cleared, `mask` the prefix's. Kind 'any': a missing CIDR, holds
+ * every address; 'none': one that does not parse, holds nothing (as before: such a route never
+ * selects).
+ */
+interface CompiledCidr {
+  kind: 'any' | 'none' | 'net';
+  net: Int32Array;
+  mask: Int32Array;
+}
+
+const NO_WORDS = new Int32Array(0);
+const ANY_CIDR: CompiledCidr = { kind: 'any', net: NO_WORDS, mask: NO_WORDS };
+const NO_CIDR: CompiledCidr = { kind: 'none', net: NO_WORDS, mask: NO_WORDS };
+
+/** Like the kernel's own selectors: `address[/prefix]`, a bare address being a host. */
+function compileCidr(text: string | null): CompiledCidr {
+  if (text === null) return ANY_CIDR;
+  const c = parseCidrLoose(text);
+  if (!c) return NO_CIDR;
+  const net = wordsOf(c.bytes)!;
+  const mask = new Int32Array(net.length);
+  for (let i = 0; i < net.length; i++) {
+    const bits = Math.min(32, Math.max(0, c.prefix - 32 * i));
+    // A shift by 32 is a shift by 0 in JS: a word without prefix bits is spelled out.
+    mask[i] = bits === 0 ? 0 : -1 << (32 - bits);
+    net[i]! &= mask[i]!;
+  }
+  return { kind: 'net', net, mask };
+}
+
+/** Whether the CIDR holds the address (words of the same family, same bits under the prefix). */
+function holds(c: CompiledCidr, address: Int32Array | undefined): boolean {
+  if (c.kind === 'any') return true;
+  if (c.kind === 'none' || address === undefined || address.length !== c.net.length) return false;
+  for (let i = 0; i < address.length; i++) {
+    if ((address[i]! & c.mask[i]!) !== c.net[i]) return false;
+  }
+  return true;
+}
+
+/** 4 or 16 address bytes as 1 or 4 big-endian 32-bit words. */
+function wordsOf(bytes: Uint8Array | undefined): Int32Array | undefined {
+  if (bytes === undefined) return undefined;
+  const words = new Int32Array(bytes.length >> 2);
+  for (let i = 0; i < words.length; i++) {
+    const b = 4 * i;
+    words[i] = (bytes[b]! << 24) | (bytes[b + 1]! << 16) | (bytes[b + 2]! << 8) | bytes[b + 3]!;
+  }
+  return words;
+}
+
+/**
+ * The bytes (4 or 16) of an address as a connection or stream names it, or undefined when it is
+ * not one. A prefix is accepted and ignored (`10.0.0.1/24` is 10.0.0.1), as parseCidrLoose reads
+ * it: route matching always took addresses that way.
+ */
+export function parseAddress(text: string): Uint8Array | undefined {
+  if (typeof text !== 'string') return undefined;
+  return text.includes('/') ? parseCidrLoose(text)?.bytes : parseIp(text)?.bytes;
+}
+
+/**
+ * Whether an address (parseAddress's bytes) is never a destination a route leads to: loopback
+ * (127/8, ::1), unspecified (0/8, ::), multicast (224/4, ff00::/8), the IPv4 broadcast
+ * 255.255.255.255, and IPv6 whose text starts with `::ffff:` (v4-mapped ::ffff:0:0/96 and the
+ * other addresses of ::/32 that print so, e.g. ::ffff:1:2:3): what the exit refused by text
+ * before, for the canonical text it gets (stream-frames.ts formats the addresses it decodes).
+ */
+export function isSpecialDestination(bytes: Uint8Array): boolean {
+  const b0 = bytes[0]!;
+  if (bytes.length === 4) {
+    return (
+      b0 === 127 ||
+      b0 === 0 ||
+      (b0 >= 224 && b0 <= 239) ||
+      (b0 === 255 && bytes[1] === 255 && bytes[2] === 255 && bytes[3] === 255)
+    );
+  }
+  if (b0 === 0xff) return true;
+  // Only ::/32 can print as `::`, `::1` or `::ffff:…` (two leading zero groups at least): the
+  // text is made for those alone.
+  if ((b0 | bytes[1]! | bytes[2]! | bytes[3]!) !== 0) return false;
+  const text = formatIp(bytes);
+  return text === '::' || text === '::1' || text.startsWith('::ffff:');
 }
 
 /** The network of an interface CIDR: 10.91.2.50/24 -> 10.91.2.0/24. */
@@ -428,8 +553,5 @@ export function networkOf(cidrText: string): string {
 
 /** Whether the address lies in the network (same family, same bits under its prefix). */
 function contains(network: string, ip: string): boolean {
-  const net = parseCidrLoose(network);
-  const host = parseCidrLoose(ip);
-  if (!net || !host || net.family !== host.family) return false;
-  return formatCidr(masked({ ...host, prefix: net.prefix })) === formatCidr(masked(net));
+  return holds(compileCidr(network), wordsOf(parseAddress(ip)));
 }
