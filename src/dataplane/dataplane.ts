@@ -18,7 +18,7 @@ import { lookup } from 'node:dns/promises';
 import { createServer, isIP, isIPv6, type Server, type Socket } from 'node:net';
 import type { Logger } from 'pino';
 import { parsePeerAddress } from '../domain/peer-address.js';
-import type { TunnelTransport } from '../transports/tunnel.js';
+import { type TunnelMessage, type TunnelTransport, wholeOf } from '../transports/tunnel.js';
 import { diff } from './diff.js';
 import { AGENT_MARK } from './kernel/ownership.js';
 import type { KernelPort, Tun } from './kernel/port.js';
@@ -769,12 +769,14 @@ export class DataPlane {
     if (now.length > 0) send(now, bytes);
   }
 
-  private fromTunnel(peerId: string, message: Buffer): void {
-    if (this.streams && isStreamKind(message[0])) {
+  private fromTunnel(peerId: string, message: TunnelMessage): void {
+    const first = Buffer.isBuffer(message) ? message : message.parts[0]!;
+    if (this.streams && isStreamKind(first[0])) {
       this.streams.mux.onMessage(peerId, message);
       return;
     }
-    const decoded = decodeMessage(message);
+    // Packets come whole but for a long one that arrived across reads: one copy, as a TUN write needs.
+    const decoded = decodeMessage(wholeOf(message));
     if (decoded.kind === 'malformed') {
       this.drop('malformed', undefined, 1);
       return;

@@ -18,7 +18,7 @@
  * WARNING: the numbers are on the wire: ONLY APPEND kinds and reasons.
  */
 import { formatIp, parseIpv4, parseIpv6 } from '../domain/cidr.js';
-import { MAX_MESSAGE_BYTES, type MessageParts } from '../transports/tunnel.js';
+import { MAX_MESSAGE_BYTES, type MessageParts, type TunnelMessage, wholeOf } from '../transports/tunnel.js';
 import { uuidBytes } from './packet-frames.js';
 
 export const KIND_STREAM_OPEN = 2;
@@ -57,7 +57,7 @@ export type StreamFrame =
   | { kind: 'open'; id: number; serviceId: string; window: number; ends: StreamEnds }
   | { kind: 'open_ok'; id: number; window: number }
   | { kind: 'open_fail'; id: number; reason: OpenFailReason }
-  | { kind: 'data'; id: number; payload: Buffer }
+  | { kind: 'data'; id: number; payload: TunnelMessage }
   | { kind: 'window'; id: number; credit: number }
   | { kind: 'fin'; id: number }
   | { kind: 'rst'; id: number };
@@ -175,9 +175,19 @@ const malformed = (reason: string): DecodedStreamFrame => ({ kind: 'malformed', 
 
 /**
  * Decodes a stream message (kinds 2..8). Never throws: anything that is not exactly one of the
- * layouts above is 'malformed'. A DATA payload is a view into the message.
+ * layouts above is 'malformed'. A DATA payload is a view into the message, or views into its
+ * pieces when it came in pieces (not copied); other frames in pieces are copied together first.
  */
-export function decodeStreamFrame(message: Buffer): DecodedStreamFrame {
+export function decodeStreamFrame(received: TunnelMessage): DecodedStreamFrame {
+  if (!Buffer.isBuffer(received)) {
+    const [head, ...rest] = received.parts;
+    if (head && head.length >= HEADER && head[0] === KIND_STREAM_DATA && received.length > HEADER) {
+      const parts = head.length > HEADER ? [head.subarray(HEADER), ...rest] : rest;
+      const payload = { parts, length: received.length - HEADER };
+      return { kind: 'data', id: head.readUInt32BE(1), payload };
+    }
+  }
+  const message = wholeOf(received);
   if (message.length < HEADER) return malformed('short header');
   const kind = message[0]!;
   const id = message.readUInt32BE(1);

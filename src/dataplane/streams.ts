@@ -31,7 +31,7 @@
  * DATA is answered with RST so that a sender that missed the end stops), and are counted.
  */
 import type { Socket } from 'node:net';
-import type { OutboundMessage } from '../transports/tunnel.js';
+import type { TunnelMessage } from '../transports/tunnel.js';
 import {
   decodeStreamFrame,
   encodeDataParts,
@@ -54,7 +54,7 @@ export type { OpenFailReason, StreamEnds } from './stream-frames.js';
 /** How the mux reaches a peer: the data plane passes the tunnel transport. */
 export interface StreamLink {
   /** Queues the messages in order; false: above the high-water mark, wait for onDrain(peerId). */
-  send(peerId: string, messages: OutboundMessage[]): boolean;
+  send(peerId: string, messages: TunnelMessage[]): boolean;
   /**
    * The tunnel's round-trip time to the peer (Tunnel.stats().lastRttMs), for growing the
    * windows of fast streams; without it (or null/0) every stream keeps initialWindow.
@@ -145,7 +145,7 @@ interface PeerState {
   nextId: number;
   /** link.send() returned false; reading sockets stay paused until onDrain. */
   blocked: boolean;
-  outbox: OutboundMessage[];
+  outbox: TunnelMessage[];
   flushScheduled: boolean;
 }
 
@@ -300,7 +300,7 @@ export class StreamMux {
   }
 
   /** A tunnel message of kinds 2..8 from the peer. Never throws on what the peer sent. */
-  onMessage(peerId: string, message: Buffer): void {
+  onMessage(peerId: string, message: TunnelMessage): void {
     if (this.closed || peerId === this.localPeerId) return;
     const frame = decodeStreamFrame(message);
     if (frame.kind === 'malformed') {
@@ -592,7 +592,7 @@ export class StreamMux {
 
   // --- Peer -> local socket ------------------------------------------------------------------
 
-  private remoteData(s: Stream, payload: Buffer): void {
+  private remoteData(s: Stream, payload: TunnelMessage): void {
     if (s.phase !== 'open' || s.finReceived || payload.length > s.allowance) {
       this.violation(s);
       return;
@@ -605,7 +605,7 @@ export class StreamMux {
     s.allowance -= payload.length;
     if (s.role === 'ingress') s.counters.bytesDown += payload.length;
     else s.counters.bytesUp += payload.length;
-    if (socket.write(payload)) {
+    if (writeMessage(socket, payload)) {
       s.toGrant += payload.length;
       this.grant(s);
     } else s.unacked += payload.length;
@@ -717,7 +717,7 @@ export class StreamMux {
   }
 
   /** Frames produced in one turn (a batch of tunnel messages, a socket read) go in one send. */
-  private enqueue(peer: PeerState, frame: OutboundMessage): void {
+  private enqueue(peer: PeerState, frame: TunnelMessage): void {
     peer.outbox.push(frame);
     if (peer.flushScheduled) return;
     peer.flushScheduled = true;
@@ -733,4 +733,14 @@ export class StreamMux {
     peer.blocked = true;
     for (const s of peer.streams.values()) this.updateFlow(s);
   }
+}
+
+/** Writes a message's bytes, pieces in one corked write (one writev). socket.write's verdict. */
+function writeMessage(socket: Socket, message: TunnelMessage): boolean {
+  if (Buffer.isBuffer(message)) return socket.write(message);
+  socket.cork();
+  let below = true;
+  for (const part of message.parts) below = socket.write(part);
+  socket.uncork();
+  return below;
 }

@@ -13,15 +13,26 @@ import {
   FRAME_PONG,
   FrameDecoder,
 } from './frames.js';
-import { messageParts } from './tunnel.js';
+import { messageParts, type TunnelMessage, wholeOf } from './tunnel.js';
 
 interface Frame {
   type: number;
   payload: Buffer;
+  /** The payload as the decoder gave it: whole (1) or in this many pieces. */
+  pieces: number;
+  given: TunnelMessage;
 }
 
 function decoderInto(frames: Frame[]): FrameDecoder {
-  return new FrameDecoder({ frame: (type, payload) => frames.push({ type, payload }) });
+  return new FrameDecoder({
+    frame: (type, payload) =>
+      frames.push({
+        type,
+        payload: wholeOf(payload),
+        pieces: Buffer.isBuffer(payload) ? 1 : payload.parts.length,
+        given: payload,
+      }),
+  });
 }
 
 /** Cuts a buffer at the given offsets (sorted, deduplicated, within bounds). */
@@ -111,6 +122,37 @@ describe('frames', () => {
     for (const f of frames) assert.equal(f.payload.buffer, chunk.buffer);
   });
 
+  it('hands a long DATA payload spanning chunks over as views of them, a tiny-chunked one as one copy', () => {
+    const payload = Buffer.alloc(65_536);
+    for (let i = 0; i < payload.length; i++) payload[i] = i % 251;
+    const stream = Buffer.concat([encodeDataFrames([payload, Buffer.from('short')])]);
+    // As TLS delivers it: 16 KiB reads.
+    const frames: Frame[] = [];
+    const decoder = decoderInto(frames);
+    const chunks = cut(stream, [16_384, 32_768, 49_152, 65_536]);
+    for (const chunk of chunks) assert.equal(decoder.push(chunk), undefined);
+    assert.equal(frames.length, 2);
+    assert.ok(frames[0]!.payload.equals(payload));
+    assert.equal(frames[0]!.pieces, 5);
+    const given = frames[0]!.given;
+    assert.ok(!Buffer.isBuffer(given) && given.length === 65_536);
+    assert.ok(
+      !Buffer.isBuffer(given) && given.parts.every((p, i) => p.buffer === chunks[i]!.buffer),
+      'views of the chunks, not copies',
+    );
+    assert.deepEqual(frames[1]!.payload, Buffer.from('short'));
+    // 1 KiB reads: 65 chunks, so one copy.
+    const copied: Frame[] = [];
+    const byKiB = decoderInto(copied);
+    for (const chunk of cut(
+      stream,
+      Array.from({ length: 70 }, (_, i) => (i + 1) * 1024),
+    ))
+      byKiB.push(chunk);
+    assert.equal(copied[0]!.pieces, 1);
+    assert.ok(copied[0]!.payload.equals(payload));
+  });
+
   it('is linear in the stream, even fed one byte at a time', () => {
     // 64 frames of 64 KiB, 4 MiB fed byte by byte: quadratic copying would take minutes.
     const stream = encodeDataFrames(Array.from({ length: 64 }, (_, i) => Buffer.alloc(65_536, i)));
@@ -158,7 +200,7 @@ describe('frames', () => {
     const frames: Frame[] = [];
     const decoder: FrameDecoder = new FrameDecoder({
       frame: (type, payload) => {
-        frames.push({ type, payload });
+        frames.push({ type, payload: wholeOf(payload), pieces: 1, given: payload });
         decoder.stop('closed');
       },
     });

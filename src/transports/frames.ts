@@ -18,7 +18,7 @@
  * every byte, so frames carry no checksum or sequence number; the version is that of the HTTP
  * Upgrade token (`mesh-tunnel/1`).
  */
-import { MAX_MESSAGE_BYTES, type OutboundMessage, piecesOf } from './tunnel.js';
+import { MAX_MESSAGE_BYTES, piecesOf, type TunnelMessage } from './tunnel.js';
 
 export const FRAME_HEADER_BYTES = 4;
 export const FRAME_DATA = 1;
@@ -36,12 +36,19 @@ export const PING_PAYLOAD_BYTES = 8;
 export const BY_REFERENCE_BYTES = 8192;
 
 /**
+ * A long DATA payload is received as views only when it lies in at most this many chunks (TLS
+ * reads are up to 16 KiB: a 64 KiB frame lies in 5 at most). A peer that sends tiny records gets
+ * one copy instead of a payload in thousands of pieces, each of which would be a write.
+ */
+const MAX_VIEW_PIECES = 8;
+
+/**
  * The bytes of DATA frames for `messages`, as few chunks as possible for one corked write: the
  * frame headers and short pieces coalesced into fresh chunks, long pieces as they are (TLS
  * encrypts all of one write into records together, so the chunking does not show on the wire).
  * The caller has checked each message's size.
  */
-export function dataFrameChunks(messages: readonly OutboundMessage[]): Buffer[] {
+export function dataFrameChunks(messages: readonly TunnelMessage[]): Buffer[] {
   let copied = 0;
   for (const m of messages) {
     copied += FRAME_HEADER_BYTES;
@@ -72,7 +79,7 @@ export function dataFrameChunks(messages: readonly OutboundMessage[]): Buffer[] 
 }
 
 /** The DATA frames of `messages` in one buffer (tests and tools that write raw frames). */
-export function encodeDataFrames(messages: readonly OutboundMessage[]): Buffer {
+export function encodeDataFrames(messages: readonly TunnelMessage[]): Buffer {
   return Buffer.concat(dataFrameChunks(messages));
 }
 
@@ -87,14 +94,19 @@ export function encodeControlFrame(type: typeof FRAME_PING | typeof FRAME_PONG, 
 export const ACCEPT_FRAME: Buffer = Buffer.from([FRAME_ACCEPT, 0, 0, 0]);
 
 export interface FrameSink {
-  /** A valid frame. The payload may be a view into a received chunk; it is the sink's to keep. */
-  frame(type: number, payload: Buffer): void;
+  /**
+   * A valid frame. The payload may be a view into a received chunk, or views of several (a long
+   * DATA payload); it is the sink's to keep. Control frames' payloads are always one buffer.
+   */
+  frame(type: number, payload: TunnelMessage): void;
 }
 
 /**
  * Splits a byte stream into frames. A frame inside one chunk is handed over as a view of it (no
- * copy); a frame spanning chunks is copied once, when its last byte arrives, so each byte is
- * copied at most once whatever the chunk boundaries.
+ * copy). A DATA payload of BY_REFERENCE_BYTES or more that spans chunks is handed over as views
+ * of them (TLS delivers at most 16 KiB a read, so every 64 KiB frame spans four or five); any
+ * other frame spanning chunks is copied once, when its last byte arrives. So each byte is copied
+ * at most once whatever the chunk boundaries, and the bytes of long frames never.
  */
 export class FrameDecoder {
   /**
@@ -126,7 +138,12 @@ export class FrameDecoder {
       if (error) return this.fail(error);
       if (this.buffered < FRAME_HEADER_BYTES + length) return undefined;
       this.take(FRAME_HEADER_BYTES);
-      const payload = this.take(length);
+      const payload =
+        header >>> 24 === FRAME_DATA &&
+        length >= BY_REFERENCE_BYTES &&
+        this.piecesFor(length) <= MAX_VIEW_PIECES
+          ? this.takeViews(length)
+          : this.take(length);
       this.sink.frame(header >>> 24, payload);
       if (this.failed !== undefined) return this.failed;
       if (this.buffered === 0) {
@@ -225,6 +242,29 @@ export class FrameDecoder {
       this.advance(chunk, copied);
     }
     return out;
+  }
+
+  /** How many chunks the next n buffered bytes (n <= buffered) lie in. */
+  private piecesFor(n: number): number {
+    let pieces = 0;
+    let left = n + this.offset;
+    for (let i = this.first; left > 0; i++, pieces++) left -= this.pending[i]!.length;
+    return pieces;
+  }
+
+  /** Removes n buffered bytes (n <= buffered) as views of the chunks that hold them. */
+  private takeViews(n: number): TunnelMessage {
+    const parts: Buffer[] = [];
+    let left = n;
+    while (left > 0) {
+      const chunk = this.pending[this.first]!;
+      const piece = chunk.subarray(this.offset, Math.min(chunk.length, this.offset + left));
+      parts.push(piece);
+      left -= piece.length;
+      this.advance(chunk, piece.length);
+    }
+    this.buffered -= n;
+    return parts.length === 1 ? parts[0]! : { parts, length: n };
   }
 
   /** Consumes n bytes of the oldest chunk, moving to the next one when it is used up. */

@@ -12,7 +12,7 @@
  */
 import { createHash } from 'node:crypto';
 import type { BackoffOptions } from './backoff.js';
-import type { FaultReason, OutboundMessage, PeerDirectory, TransportLogger } from './tunnel.js';
+import type { FaultReason, PeerDirectory, TransportLogger, TunnelMessage } from './tunnel.js';
 import { type Link, type LinkSink, TunnelKeeper } from './tunnel-keeper.js';
 
 export interface MemoryTransportOptions {
@@ -221,7 +221,7 @@ class MemoryEnd implements Link {
     if (this.inbox.length > 0) this.scheduleDelivery();
   }
 
-  send(messages: readonly OutboundMessage[]): boolean {
+  send(messages: readonly TunnelMessage[]): boolean {
     if (this.finished) return true;
     // Into the void, as a write to a connection whose peer is gone: the sender cannot tell yet.
     if (this.pair.silent) return true;

@@ -10,6 +10,7 @@ import { peerIdFromPublicKey } from '../domain/ids.js';
 import { requestUpgrade } from './http-upgrade.js';
 import { StaticPeerDirectory } from './static-directory.js';
 import { TcpTransport, type TcpTransportOptions } from './tcp.js';
+import { wholeOf } from './tunnel.js';
 import { selfSignedCertificate } from './tunnel-certificate.js';
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -80,7 +81,7 @@ async function twoPeers(
     cleanups.push(() => transport.close());
     directory.set(who.id, who.raw, host.includes(':') ? `[${host}]:${port}` : `${host}:${port}`);
     const got: Buffer[] = [];
-    transport.on('message', (_p, m) => got.push(m));
+    transport.on('message', (_p, m) => got.push(wholeOf(m)));
     peers.push({ who, transport, port, got });
   }
   return Object.assign(peers as [(typeof peers)[0], (typeof peers)[0]], { directory });

@@ -38,7 +38,13 @@ import {
   UPGRADE_RESPONSE,
   UpgradeRefused,
 } from './http-upgrade.js';
-import type { FaultReason, OutboundMessage, PeerDirectory, TransportLogger } from './tunnel.js';
+import {
+  type FaultReason,
+  type PeerDirectory,
+  type TransportLogger,
+  type TunnelMessage,
+  wholeOf,
+} from './tunnel.js';
 import { certifiedKey, selfSignedCertificate } from './tunnel-certificate.js';
 import { type Link, type LinkSink, TunnelKeeper } from './tunnel-keeper.js';
 
@@ -314,7 +320,7 @@ class TcpLink implements Link {
   private acceptedState: 'waiting' | 'yes' = 'waiting';
   private settleAccepted: ((error?: Error) => void) | undefined;
   private sink: LinkSink | undefined;
-  private held: Buffer[] = [];
+  private held: TunnelMessage[] = [];
   private finished = false;
   /** Why it finished before open(), told to the sink when it opens. */
   private early: { reason?: FaultReason; detail: string } | undefined;
@@ -395,7 +401,7 @@ class TcpLink implements Link {
     this.ticker.unref();
   }
 
-  send(messages: readonly OutboundMessage[]): boolean {
+  send(messages: readonly TunnelMessage[]): boolean {
     if (this.finished) return true;
     const chunks = dataFrameChunks(messages);
     if (chunks.length === 1) this.secure.write(chunks[0]!);
@@ -417,7 +423,7 @@ class TcpLink implements Link {
     this.teardown(new Error('closed'));
   }
 
-  private onFrame(type: number, payload: Buffer): void {
+  private onFrame(type: number, message: TunnelMessage): void {
     if (this.finished) return;
     if (type === FRAME_ACCEPT) {
       if (this.acceptedState === 'yes') this.finish('protocol', 'ACCEPT out of place');
@@ -432,9 +438,13 @@ class TcpLink implements Link {
       return;
     }
     if (type === FRAME_DATA) {
-      if (this.sink) this.sink.message(payload);
-      else this.held.push(payload);
-    } else if (type === FRAME_PING) this.secure.write(encodeControlFrame(FRAME_PONG, payload));
+      if (this.sink) this.sink.message(message);
+      else this.held.push(message);
+      return;
+    }
+    // Control frames are never in pieces (FrameDecoder).
+    const payload = wholeOf(message);
+    if (type === FRAME_PING) this.secure.write(encodeControlFrame(FRAME_PONG, payload));
     else if (type === FRAME_PONG) {
       const rtt = performance.now() - payload.readDoubleBE(0);
       // A peer can only hurt its own figure, but keep nonsense out of it.

@@ -12,10 +12,10 @@ import { FaultLog } from './fault-log.js';
 import {
   type FaultReason,
   MAX_MESSAGE_BYTES,
-  type OutboundMessage,
   type PeerDirectory,
   type TransportLogger,
   type Tunnel,
+  type TunnelMessage,
   type TunnelState,
   type TunnelStats,
   type TunnelTransport,
@@ -24,7 +24,7 @@ import {
 
 /** How a link reports to the keeper. */
 export interface LinkSink {
-  message(message: Buffer): void;
+  message(message: TunnelMessage): void;
   /** The backlog fell below the high-water mark after send() returned false. */
   drain(): void;
   rtt(ms: number): void;
@@ -39,7 +39,7 @@ export interface Link {
   /** Starts delivering to the sink (messages received before are held until then). */
   open(sink: LinkSink): void;
   /** Queues the messages (sizes already checked); false above the high-water mark. */
-  send(messages: readonly OutboundMessage[]): boolean;
+  send(messages: readonly TunnelMessage[]): boolean;
   /** Closes it; the sink hears nothing more. Idempotent. */
   close(): void;
 }
@@ -336,7 +336,7 @@ class KeptTunnel implements Tunnel {
     readonly backoff: Backoff,
   ) {}
 
-  send(messages: readonly OutboundMessage[]): boolean {
+  send(messages: readonly TunnelMessage[]): boolean {
     const link = this.link;
     if (!link) {
       this.counters.dropped += messages.length;

@@ -41,8 +41,15 @@ export interface MessageParts {
   readonly length: number;
 }
 
-/** What send() takes: a message whole or in pieces. */
-export type OutboundMessage = Buffer | MessageParts;
+/**
+ * A message whole or in pieces: what send() takes, and what a receiver gets (a long message
+ * that arrived across several reads comes as the pieces it arrived in, not copied together).
+ */
+export type TunnelMessage = Buffer | MessageParts;
+
+/** The message in one buffer: the message itself if whole, else a copy of its pieces. */
+export const wholeOf = (m: TunnelMessage): Buffer =>
+  Buffer.isBuffer(m) ? m : Buffer.concat(m.parts, m.length);
 
 export function messageParts(parts: readonly Buffer[]): MessageParts {
   let length = 0;
@@ -51,7 +58,7 @@ export function messageParts(parts: readonly Buffer[]): MessageParts {
 }
 
 /** The pieces of an outbound message (a whole one is its only piece). */
-export const piecesOf = (m: OutboundMessage): readonly Buffer[] => (Buffer.isBuffer(m) ? [m] : m.parts);
+export const piecesOf = (m: TunnelMessage): readonly Buffer[] => (Buffer.isBuffer(m) ? [m] : m.parts);
 
 export interface Tunnel {
   readonly peerId: string;
@@ -66,7 +73,7 @@ export interface Tunnel {
    * IP packets; the protocols inside recover) and send returns true, as there is nothing to wait
    * for. A message over 64 KiB is dropped and counted too.
    */
-  send(messages: readonly OutboundMessage[]): boolean;
+  send(messages: readonly TunnelMessage[]): boolean;
   stats(): TunnelStats;
 }
 
@@ -79,8 +86,8 @@ export interface PeerDirectory {
 }
 
 export interface TunnelTransportEvents {
-  /** One message from the peer. The buffer is the receiver's to keep. */
-  message(peerId: string, message: Buffer): void;
+  /** One message from the peer, whole or in pieces. The buffers are the receiver's to keep. */
+  message(peerId: string, message: TunnelMessage): void;
   /** Every change of a tunnel's state, including `down` when a tunnel is released or closed. */
   state(peerId: string, state: TunnelState): void;
   /**

@@ -6,7 +6,7 @@
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import type { TunnelState, TunnelTransport } from '../../src/transports/tunnel.js';
+import { type TunnelState, type TunnelTransport, wholeOf } from '../../src/transports/tunnel.js';
 
 export interface WorldTiming {
   keepaliveIntervalMs: number;
@@ -52,7 +52,7 @@ class Probe {
         list = [];
         this.messages.set(peer, list);
       }
-      list.push(m);
+      list.push(wholeOf(m));
     });
     transport.on('state', (peer, state) => this.states.push({ peer, state, at: performance.now() }));
     transport.on('drain', () => this.drains++);
