@@ -86,6 +86,19 @@ function addressBytes(family: 4 | 6, text: string): Uint8Array {
   return bytes;
 }
 
+/** A service's id as 16 bytes, parsed once per service (every OPEN carries it). */
+const idBytesCache = new Map<string, Buffer>();
+function serviceIdBytes(serviceId: string): Buffer {
+  let bytes = idBytesCache.get(serviceId);
+  if (!bytes) {
+    bytes = uuidBytes(serviceId);
+    // Services are few (the license's max_services); a bound all the same.
+    if (idBytesCache.size >= 4096) idBytesCache.clear();
+    idBytesCache.set(serviceId, bytes);
+  }
+  return bytes;
+}
+
 /** Throws on an invalid argument (a bad address, port, window or service id): a caller's bug. */
 export function encodeOpen(id: number, serviceId: string, window: number, ends: StreamEnds): Buffer {
   checkWindow(window);
@@ -94,7 +107,7 @@ export function encodeOpen(id: number, serviceId: string, window: number, ends: 
   if (ends.family !== 4 && ends.family !== 6) throw new Error(`bad family ${String(ends.family)}`);
   const src = addressBytes(ends.family, ends.srcAddr);
   const dst = addressBytes(ends.family, ends.dstAddr);
-  const service = uuidBytes(serviceId);
+  const service = serviceIdBytes(serviceId);
   const out = header(KIND_STREAM_OPEN, id, 16 + 4 + 1 + 2 * (src.length + 2));
   let at = HEADER;
   service.copy(out, at);
