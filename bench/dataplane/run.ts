@@ -808,7 +808,12 @@ async function measurePath(rep: number, path: string): Promise<void> {
 async function httpAnswers(host: string, port: number, limitMs: number): Promise<number> {
   const start = Date.now();
   while (Date.now() - start < limitMs) {
-    const r = await inNs(NS.client, 'curl', ['-s', '-o', '/dev/null', '-m', '2', `http://${host}:${port}/`], 5000);
+    const r = await inNs(
+      NS.client,
+      'curl',
+      ['-s', '-o', '/dev/null', '-m', '2', `http://${host}:${port}/`],
+      5000,
+    );
     if (r.code === 0) break;
     await sleep(200);
   }
