@@ -15,6 +15,7 @@
 #include "system-error.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <string>
@@ -42,6 +43,12 @@ Napi::Value Execv(const Napi::CallbackInfo& info) {
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // Node marks stdin, stdout and stderr close-on-exec at start-up (so its children do not inherit
+  // them by accident); the process that replaces it must keep them, or its output goes nowhere.
+  for (int fd = 0; fd <= 2; fd++) {
+    int flags = fcntl(fd, F_GETFD);
+    if (flags != -1 && (flags & FD_CLOEXEC)) fcntl(fd, F_SETFD, flags & ~FD_CLOEXEC);
+  }
   // environ is current: Node writes process.env changes through to it (setenv).
   execv(path.c_str(), argv.data());
   mesh::SystemError(env, errno, "execv", "cannot restart " + path).ThrowAsJavaScriptException();

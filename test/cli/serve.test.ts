@@ -46,6 +46,9 @@ describe('serve: V8 flags (src/cli/v8-flags.ts)', { timeout: 60_000 }, () => {
       assert.ok(cmdline.includes('--initial-old-space-size=128'), cmdline.join(' '));
       assert.equal(cmdline.filter((a) => a === 'serve').length, 1, 'the rest of the command line kept once');
       assert.equal((await agent.client.raw('GET', '/livez')).status, 200);
+      // stdout survives the exec (Node marks it close-on-exec; the addon clears that).
+      assert.match(agent.logs, /"msg":"agent listening"/);
+      assert.match(agent.logs, new RegExp(`"pid":${agent.pid}\\b`));
     } finally {
       assert.equal(await agent.stop(), 0);
     }
