@@ -53,6 +53,7 @@ import { mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync }
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { AgentProcess } from '../../test/helpers/agent-process.js';
+import { ecdsaCertificate } from '../../test/helpers/ecdsa-certificate.js';
 import { makeVendor } from '../../test/helpers/licenses.js';
 import { bootstrapNode, type Node } from '../../test/helpers/nodes.js';
 import { REPO_ROOT, sleep } from '../api/measure.js';
@@ -255,23 +256,9 @@ async function nodeTlsUp(): Promise<void> {
   const cert = join(dir, 'cert.pem');
   const key = join(dir, 'key.pem');
   // The same kind of certificate paths.sh makes for stunnel: self-signed P-256.
-  await must('openssl', [
-    'req',
-    '-x509',
-    '-newkey',
-    'ec',
-    '-pkeyopt',
-    'ec_paramgen_curve:prime256v1',
-    '-nodes',
-    '-days',
-    '30',
-    '-subj',
-    '/CN=bench-nodetls',
-    '-keyout',
-    key,
-    '-out',
-    cert,
-  ]);
+  const made = ecdsaCertificate('bench-nodetls');
+  writeFileSync(cert, made.cert);
+  writeFileSync(key, made.key, { mode: 0o600 });
   const route = (from: string, fromPort: number, to: string, toPort: number) =>
     `${from}:${fromPort}=${to}:${toPort}`;
   await startRelay('exit', NS.exit, [

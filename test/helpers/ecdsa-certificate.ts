@@ -1,6 +1,7 @@
 /**
  * A self-signed ECDSA P-256 certificate and its key, made by the openssl CLI: a valid certificate
- * of a key type the tunnel must refuse (only Ed25519 identities are pinned). Test-only.
+ * of a key type the tunnel must refuse (only Ed25519 identities are pinned), and the certificate
+ * of bench/dataplane's bare Node TLS relay (the kind paths.sh makes for stunnel). Tests and benches.
  */
 import { execFileSync } from 'node:child_process';
 
