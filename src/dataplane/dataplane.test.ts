@@ -648,6 +648,16 @@ describe('DataPlane with a memory network: tunnels and packets', { timeout: 60_0
   const routes = () => [route(1, S1, 100, '10.92.0.0/16')];
   const ping = (n: number, size = 40) => udpV4('10.91.9.1', '10.92.0.5', 4000 + n, 53, Buffer.alloc(size, n));
 
+  /** A (ingress) and B (exit) on one memory network, both started with S1 and S2, S1 up at both. */
+  async function twoPlanesUp(aOptions: Parameters<typeof plane>[2] = {}) {
+    const network = new MemoryNetwork();
+    const a = plane(network, A, aOptions);
+    const b = plane(network, B);
+    await Promise.all([a.dp.start(view(A, services(), routes())), b.dp.start(view(B, services(), routes()))]);
+    await bothUp(a, b);
+    return { network, a, b };
+  }
+
   async function bothUp(a: Plane, b: Plane): Promise<void> {
     await eventually(
       'S1 up at both ends',
@@ -704,11 +714,7 @@ describe('DataPlane with a memory network: tunnels and packets', { timeout: 60_0
   });
 
   it('carries packets between the TUNs of two data planes both ways, in one TUN write per batch, with counters', async () => {
-    const network = new MemoryNetwork();
-    const a = plane(network, A);
-    const b = plane(network, B);
-    await Promise.all([a.dp.start(view(A, services(), routes())), b.dp.start(view(B, services(), routes()))]);
-    await bothUp(a, b);
+    const { a, b } = await twoPlanesUp();
     const tunA = tunOf(a, S1);
     const tunB = tunOf(b, S1);
     const writes: number[] = [];
@@ -759,11 +765,7 @@ describe('DataPlane with a memory network: tunnels and packets', { timeout: 60_0
   });
 
   it("drops a message from a peer that is not the service's other end, for an unknown service, or malformed", async () => {
-    const network = new MemoryNetwork();
-    const a = plane(network, A);
-    const b = plane(network, B);
-    await Promise.all([a.dp.start(view(A, services(), routes())), b.dp.start(view(B, services(), routes()))]);
-    await bothUp(a, b);
+    const { network, a, b } = await twoPlanesUp();
     // Z is a peer of the cluster and the other end of S3 at B; it runs no data plane.
     const z = network.transport({ localPeerId: Z, directory: directory() });
     try {
@@ -807,11 +809,7 @@ describe('DataPlane with a memory network: tunnels and packets', { timeout: 60_0
   });
 
   it('pauses reading a TUN while the tunnel is above its high-water mark, resumes on drain', async () => {
-    const network = new MemoryNetwork();
-    const a = plane(network, A, { highWaterMark: 1000 });
-    const b = plane(network, B);
-    await Promise.all([a.dp.start(view(A, services(), routes())), b.dp.start(view(B, services(), routes()))]);
-    await bothUp(a, b);
+    const { a, b } = await twoPlanesUp({ highWaterMark: 1000 });
     const tunA = tunOf(a, S1);
     const tunB = tunOf(b, S1);
     const burst = Array.from({ length: 20 }, (_, i) => ping(i, 100));
@@ -826,11 +824,7 @@ describe('DataPlane with a memory network: tunnels and packets', { timeout: 60_0
   });
 
   it('stop() at one end: its TUN closed and tunnel released; the other end sees the tunnel down and refuses', async () => {
-    const network = new MemoryNetwork();
-    const a = plane(network, A);
-    const b = plane(network, B);
-    await Promise.all([a.dp.start(view(A, services(), routes())), b.dp.start(view(B, services(), routes()))]);
-    await bothUp(a, b);
+    const { a, b } = await twoPlanesUp();
     const tunA = tunOf(a, S1);
     const tunB = tunOf(b, S1);
     await a.dp.stop();

@@ -38,7 +38,7 @@ import { forwardingProblems } from './requirements.js';
 import { FairShaper } from './shaper.js';
 import { SlotTable } from './slots.js';
 import { isStreamKind } from './stream-frames.js';
-import { type StreamEnds, StreamMux, type StreamStats } from './streams.js';
+import { emptyStats, type StreamEnds, StreamMux, type StreamStats } from './streams.js';
 import { TcpFlowTable } from './tcp-flows.js';
 
 /** How long a peer name's DNS answer is used before it is looked up again. */
@@ -433,16 +433,7 @@ export class DataPlane {
   }
 
   private streamStats(serviceId: string): StreamStats {
-    return (
-      this.streams?.mux.stats(serviceId) ?? {
-        open: 0,
-        opened: 0,
-        bytesUp: 0,
-        bytesDown: 0,
-        resets: 0,
-        refused: 0,
-      }
-    );
+    return this.streams?.mux.stats(serviceId) ?? emptyStats();
   }
 
   /** Per service this agent carried: its streams (open now, opened, bytes, resets, refusals). */

@@ -81,6 +81,22 @@ async function waitFor(what: string, condition: () => boolean, ms = 5_000): Prom
   }
 }
 
+/** Until the streams' upload (A's bytesUp) has not moved for 10 polls in a row: its destinations stopped taking bytes. */
+async function uploadStops(h: { a: { mux: StreamMux } }, what: string): Promise<void> {
+  let last = -1;
+  let still = 0;
+  await waitFor(
+    what,
+    () => {
+      const now = h.a.mux.stats(SERVICE).bytesUp;
+      still = now === last ? still + 1 : 0;
+      last = now;
+      return still >= 10;
+    },
+    15_000,
+  );
+}
+
 function dial(port: number, host: string): Promise<net.Socket> {
   return new Promise((resolve, reject) => {
     const socket = net.connect({ port, host, allowHalfOpen: true });
@@ -356,18 +372,7 @@ describe('StreamMux over the memory transport with loopback sockets', { timeout:
     const stuckPayload = Buffer.concat([Buffer.from('STUCK'), randomBytes(16 * 1024 * 1024)]);
     stuckClient.write(stuckPayload);
     // Wait until the stuck stream stops moving: the destination's kernel buffers are full.
-    let last = -1;
-    let still = 0;
-    await waitFor(
-      'the stuck stream to stop',
-      () => {
-        const now = h.a.mux.stats(SERVICE).bytesUp;
-        still = now === last ? still + 1 : 0;
-        last = now;
-        return still >= 10;
-      },
-      15_000,
-    );
+    await uploadStops(h, 'the stuck stream to stop');
     const stuckBytes = h.a.mux.stats(SERVICE).bytesUp;
     assert.ok(stuckBytes < 16 * 1024 * 1024, 'the stuck stream did stop');
     assert.ok(stuckClient.writableLength > 8 * 1024 * 1024, 'back-pressure reached the client');
@@ -441,18 +446,7 @@ describe('StreamMux over the memory transport with loopback sockets', { timeout:
     const stuck = await h.client(h.a);
     stuck.write(Buffer.concat([Buffer.from('STUCK'), randomBytes(8 * 1024 * 1024)]));
     await waitFor('both exit sockets', () => h.b.exitSockets.length === 2);
-    let last = -1;
-    let still = 0;
-    await waitFor(
-      'both streams to stop',
-      () => {
-        const now = h.a.mux.stats(SERVICE).bytesUp;
-        still = now === last ? still + 1 : 0;
-        last = now;
-        return still >= 10;
-      },
-      15_000,
-    );
+    await uploadStops(h, 'both streams to stop');
     const [fastExit, stuckExit] = h.b.exitSockets as [net.Socket, net.Socket];
     console.log(
       `# exit holds ${fastExit.writableLength} bytes for the fast-then-stuck stream (max window ${MAX}), ${stuckExit.writableLength} for the stuck one (window ${WINDOW})`,
@@ -473,18 +467,7 @@ describe('StreamMux over the memory transport with loopback sockets', { timeout:
     const clients = await Promise.all([h.client(h.a), h.client(h.a), h.client(h.a)]);
     for (const c of clients) c.write(randomBytes(12 * 1024 * 1024));
     await waitFor('three exit sockets', () => h.b.exitSockets.length === 3);
-    let last = -1;
-    let still = 0;
-    await waitFor(
-      'the streams to stop',
-      () => {
-        const now = h.a.mux.stats(SERVICE).bytesUp;
-        still = now === last ? still + 1 : 0;
-        last = now;
-        return still >= 10;
-      },
-      15_000,
-    );
+    await uploadStops(h, 'the streams to stop');
     const held = h.b.exitSockets.reduce((sum, s) => sum + s.writableLength, 0);
     console.log(
       `# 3 stalled streams: exit holds ${held} bytes (3 windows + budget = ${3 * WINDOW + BUDGET})`,

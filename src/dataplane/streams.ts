@@ -31,7 +31,7 @@
  * DATA is answered with RST so that a sender that missed the end stops), and are counted.
  */
 import type { Socket } from 'node:net';
-import type { TunnelMessage } from '../transports/tunnel.js';
+import { piecesOf, type TunnelMessage, writePieces } from '../transports/tunnel.js';
 import {
   decodeStreamFrame,
   encodeDataParts,
@@ -191,7 +191,8 @@ class Stream {
   }
 }
 
-const emptyStats = (): StreamStats => ({
+/** A service's stream counters before its first stream. */
+export const emptyStats = (): StreamStats => ({
   open: 0,
   opened: 0,
   bytesUp: 0,
@@ -605,7 +606,7 @@ export class StreamMux {
     s.allowance -= payload.length;
     if (s.role === 'ingress') s.counters.bytesDown += payload.length;
     else s.counters.bytesUp += payload.length;
-    if (writeMessage(socket, payload)) {
+    if (writePieces(socket, piecesOf(payload))) {
       s.toGrant += payload.length;
       this.grant(s);
     } else s.unacked += payload.length;
@@ -739,14 +740,4 @@ export class StreamMux {
     peer.blocked = true;
     for (const s of peer.streams.values()) this.updateFlow(s);
   }
-}
-
-/** Writes a message's bytes, pieces in one corked write (one writev). socket.write's verdict. */
-function writeMessage(socket: Socket, message: TunnelMessage): boolean {
-  if (Buffer.isBuffer(message)) return socket.write(message);
-  socket.cork();
-  let below = true;
-  for (const part of message.parts) below = socket.write(part);
-  socket.uncork();
-  return below;
 }

@@ -44,6 +44,7 @@ import {
   type TransportLogger,
   type TunnelMessage,
   wholeOf,
+  writePieces,
 } from './tunnel.js';
 import { certifiedKey, selfSignedCertificate } from './tunnel-certificate.js';
 import { type Link, type LinkSink, TunnelKeeper } from './tunnel-keeper.js';
@@ -403,14 +404,7 @@ class TcpLink implements Link {
 
   send(messages: readonly TunnelMessage[]): boolean {
     if (this.finished) return true;
-    const chunks = dataFrameChunks(messages);
-    if (chunks.length === 1) this.secure.write(chunks[0]!);
-    else {
-      // One writev, so one SSL_write: as few TLS records and socket writes as one buffer gives.
-      this.secure.cork();
-      for (const c of chunks) this.secure.write(c);
-      this.secure.uncork();
-    }
+    writePieces(this.secure, dataFrameChunks(messages));
     if (this.secure.writableLength <= this.timing.highWaterMark) return true;
     this.wantDrain = true;
     return false;

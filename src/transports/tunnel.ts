@@ -3,8 +3,9 @@
  * message pipe per pair of peers, kept up by the transport, carrying opaque messages (IP packets)
  * of at most 64 KiB. The dataplane uses only these types; transports (tcp, memory, later kcp)
  * implement them, and test/compliance/tunnel-suite.ts holds every transport to the same rules.
- * Imported by src/transports and src/dataplane; imports nothing.
+ * Imported by src/transports and src/dataplane; imports only Node built-ins.
  */
+import type { Writable } from 'node:stream';
 
 /** The largest message a tunnel carries: an IP packet never exceeds 64 KiB. */
 export const MAX_MESSAGE_BYTES = 65_536;
@@ -59,6 +60,20 @@ export function messageParts(parts: readonly Buffer[]): MessageParts {
 
 /** The pieces of an outbound message (a whole one is its only piece). */
 export const piecesOf = (m: TunnelMessage): readonly Buffer[] => (Buffer.isBuffer(m) ? [m] : m.parts);
+
+/**
+ * Writes pieces back to back in one corked write: one writev, so for a TLS socket one SSL_write
+ * (as few records and socket writes as one buffer gives). Returns the stream's verdict after
+ * the last piece (false: above its high-water mark).
+ */
+export function writePieces(stream: Writable, pieces: readonly Buffer[]): boolean {
+  if (pieces.length === 1) return stream.write(pieces[0]!);
+  stream.cork();
+  let below = true;
+  for (const p of pieces) below = stream.write(p);
+  stream.uncork();
+  return below;
+}
 
 export interface Tunnel {
   readonly peerId: string;
