@@ -1,5 +1,6 @@
 /*
- * mesh_exec: execv() for Node versions without process.execve (Node < 22.15 / 23.11).
+ * mesh_exec: execv(), which Node 20 cannot reach (Node 22.15+ has an experimental process.execve;
+ * src/native/exec.ts uses this addon on every version).
  *
  * The agent uses it once, at start, to restart itself in place with the V8 flags it needs and that
  * NODE_OPTIONS refuses (src/cli/v8-flags.ts): the process keeps its pid, its network namespace, its
