@@ -7,7 +7,7 @@
  * Used by the agent's data plane (src/dataplane) and its root tests.
  */
 import { spawn } from 'node:child_process';
-import { readFile } from 'node:fs/promises';
+import { readFile, writeFile } from 'node:fs/promises';
 import {
   canonicalCidr,
   canonicalDst,
@@ -195,6 +195,14 @@ export function nftBody(listing: string): string | null {
 
 const SYSCTL_KEY = /^[A-Za-z0-9_./-]+$/;
 
+/** /proc/sys/... of a dotted (or slashed) key; refuses anything that could leave /proc/sys. */
+function sysctlPath(key: string): string {
+  if (!SYSCTL_KEY.test(key) || key.split(/[./]/).some((p) => p === '' || p === '..')) {
+    throw new KernelError(`sysctl ${key}`, 'invalid sysctl key');
+  }
+  return `/proc/sys/${key.includes('/') ? key : key.replaceAll('.', '/')}`;
+}
+
 export class LinuxKernel implements KernelPort {
   private readonly netns: string | undefined;
   private readonly tunOpener: ((name: string) => Tun) | undefined;
@@ -280,10 +288,7 @@ export class LinuxKernel implements KernelPort {
   }
 
   async readSysctl(key: string): Promise<string | null> {
-    if (!SYSCTL_KEY.test(key) || key.split(/[./]/).some((p) => p === '' || p === '..')) {
-      throw new KernelError(`sysctl ${key}`, 'invalid sysctl key');
-    }
-    const path = `/proc/sys/${key.includes('/') ? key : key.replaceAll('.', '/')}`;
+    const path = sysctlPath(key);
     if (this.netns === undefined) {
       try {
         return (await readFile(path, 'utf8')).trim();
@@ -296,6 +301,21 @@ export class LinuxKernel implements KernelPort {
     if (res.code === 0) return res.stdout.trim();
     if (/No such file or directory/.test(res.stderr)) return null;
     throw new KernelError(`cat ${path}`, res.stderr);
+  }
+
+  async writeSysctl(key: string, value: string): Promise<void> {
+    const path = sysctlPath(key);
+    if (!/^[0-9A-Za-z _.:-]*$/.test(value)) throw new KernelError(`sysctl ${key}`, 'invalid value');
+    if (this.netns === undefined) {
+      try {
+        await writeFile(path, `${value}\n`);
+      } catch (err) {
+        throw new KernelError(`write ${path}`, (err as Error).message);
+      }
+      return;
+    }
+    const res = await this.exec(['ip', 'netns', 'exec', this.netns, 'tee', path], `${value}\n`);
+    if (res.code !== 0) throw new KernelError(`tee ${path}`, res.stderr);
   }
 
   async uplink(): Promise<Uplink | null> {

@@ -115,6 +115,12 @@ export interface KernelPort {
   /** Creates (or re-attaches to nothing: names are unique) a TUN device held by this process. */
   openTun(name: string): Tun;
   readSysctl(key: string): Promise<string | null>;
+  /**
+   * Sets one sysctl. Only for the keys a service needs (a transparent exit's rp_filter, see
+   * docs/transparent.md): LESSONS, global sysctls changed behind the operator's back. Throws a
+   * KernelError saying why it could not (read-only /proc/sys, no CAP_NET_ADMIN, no such key).
+   */
+  writeSysctl(key: string, value: string): Promise<void>;
   /** The default-route interface, for --macvlan-parent's default. */
   uplink(): Promise<Uplink | null>;
 }

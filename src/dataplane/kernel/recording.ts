@@ -55,6 +55,8 @@ export interface RecordingKernelOptions {
    */
   foreignLinks?: Record<string, number>;
   sysctls?: Record<string, string>;
+  /** writeSysctl fails as on a read-only /proc/sys. */
+  readOnlySysctls?: boolean;
   uplink?: Uplink | null;
 }
 
@@ -177,6 +179,9 @@ export class RecordingKernel implements KernelPort {
   /** Every command line applied (or attempted: a failing line is its last entry), in order. */
   readonly transcript: string[] = [];
   readonly sysctls: Map<string, string>;
+  /** Every writeSysctl that took effect, as `key=value`, in order. */
+  readonly sysctlWrites: string[] = [];
+  readOnlySysctls: boolean;
   uplinkValue: Uplink | null;
   private readonly links = new Map<string, FakeLink>();
   private addresses: FakeAddress[] = [];
@@ -190,6 +195,7 @@ export class RecordingKernel implements KernelPort {
       this.links.set(name, { name, kind: 'foreign', mtu, up: true });
     }
     this.sysctls = new Map(Object.entries(options.sysctls ?? {}));
+    this.readOnlySysctls = options.readOnlySysctls ?? false;
     this.uplinkValue = options.uplink ?? null;
   }
 
@@ -282,6 +288,18 @@ export class RecordingKernel implements KernelPort {
 
   async readSysctl(key: string): Promise<string | null> {
     return this.sysctls.get(key) ?? null;
+  }
+
+  async writeSysctl(key: string, value: string): Promise<void> {
+    const path = `/proc/sys/${key.replaceAll('.', '/')}`;
+    if (this.readOnlySysctls) throw new KernelError(`write ${path}`, 'EROFS: read-only file system');
+    // An interface's keys exist while the interface does; global ones only if the test set them.
+    const iface = /^net\.ipv[46]\.conf\.([^.]+)\./.exec(key)?.[1];
+    const exists =
+      iface && !['all', 'default'].includes(iface) ? this.links.has(iface) : this.sysctls.has(key);
+    if (!exists) throw new KernelError(`write ${path}`, 'ENOENT: no such file or directory');
+    this.sysctls.set(key, value);
+    this.sysctlWrites.push(`${key}=${value}`);
   }
 
   async uplink(): Promise<Uplink | null> {
