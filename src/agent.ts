@@ -348,6 +348,7 @@ async function buildDataPlane(
         desiredIpv4Cidr: s.desiredIpv4Cidr,
         desiredIpv6Cidr: s.desiredIpv6Cidr,
         bandwidthLimitMbps: s.bandwidthLimitMbps,
+        fullyTransparent: s.fullyTransparent,
       })),
       routes: services.flatMap((s) => store.routesOf(s.id)),
     };

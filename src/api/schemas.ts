@@ -263,9 +263,14 @@ export const ServiceDataPlane = Type.Object(
           'inactive: this agent does not carry the service',
       },
     ),
-    exit_mode: Type.Union([Type.Literal('nat'), Type.Literal('macvlan'), Type.Null()], {
-      description: "at the exit, how traffic leaves: the exit's address (nat) or the MACVLAN address",
-    }),
+    exit_mode: Type.Union(
+      [Type.Literal('nat'), Type.Literal('macvlan'), Type.Literal('transparent'), Type.Null()],
+      {
+        description:
+          "at the exit, how traffic leaves: the exit's address (nat), the MACVLAN address (macvlan), or for " +
+          "TCP the client's own address and for the rest the MACVLAN address (transparent)",
+      },
+    ),
     interface: NullableString,
     problem: NullableString,
     bytes_sent: Type.Integer({ description: 'IP bytes this agent sent into the tunnel for the service' }),
@@ -294,6 +299,18 @@ export const ServiceSingle = Type.Object({
   routes: Type.Array(ServiceRouteItem),
   /** Present only on an agent that runs a data plane (`--dataplane`). */
   dataplane: Type.Optional(ServiceDataPlane),
+  transparent_ready: Type.Optional(
+    Type.Union([Type.Boolean(), Type.Null()], {
+      description:
+        'fully_transparent services, on an agent that runs a data plane: whether the exit can carry the service ' +
+        'transparently (true/false on the exit agent; null elsewhere)',
+    }),
+  ),
+  transparent_reasons: Type.Optional(
+    Type.Array(Type.String(), {
+      description: 'why transparent_ready is not true (host requirements, a probable asymmetric route)',
+    }),
+  ),
 });
 
 export const ServiceCreated = Type.Object({

@@ -77,6 +77,25 @@ export const routeView = (r: RouteRecord) => ({
   dest_cidr: r.destCidr,
 });
 
+/**
+ * The `transparent_ready` and `transparent_reasons` extra fields of a fully_transparent service
+ * (none on other services): what its exit agent found (docs/transparent.md). Another agent does
+ * not know: null, and the reason says where to ask.
+ */
+export function transparentReadinessView(s: ServiceRecord, status: ServiceDataPlaneStatus) {
+  if (!s.fullyTransparent) return {};
+  if (status.transparent) {
+    return { transparent_ready: status.transparent.ready, transparent_reasons: status.transparent.reasons };
+  }
+  return {
+    transparent_ready: null,
+    transparent_reasons:
+      status.role === 'exit'
+        ? ['the exit does not carry the service transparently yet']
+        : [`checked by the service's exit: ask the agent of peer ${s.targetPeerId}`],
+  };
+}
+
 /** The `dataplane` extra field of a service, on an agent that runs a data plane. */
 export function dataplaneView(status: ServiceDataPlaneStatus) {
   const c = status.counters;

@@ -113,4 +113,14 @@ export function registerDataPlaneMetrics(registry: Registry, dataplane: DataPlan
       for (const [peerId, up] of dataplane.tunnelStates()) this.labels(peerId).set(up ? 1 : 0);
     },
   });
+  new Gauge({
+    name: 'mesh_dataplane_transparent_ready',
+    help: 'A fully_transparent service this agent is the exit of: 1 when it can carry it, 0 when not (see transparent_reasons on the service).',
+    labelNames: ['service_id'] as const,
+    registers,
+    collect() {
+      this.reset();
+      for (const [id, ready] of dataplane.transparentReadiness()) this.labels(id).set(ready ? 1 : 0);
+    },
+  });
 }

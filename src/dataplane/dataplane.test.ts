@@ -11,6 +11,7 @@ import { DataPlane, type DataPlaneView } from './dataplane.js';
 import { canonicalState } from './kernel/canonical.js';
 import {
   exitTableOf,
+  exitTunAddress,
   MARK_MASK,
   macvlanName,
   markOf,
@@ -214,7 +215,8 @@ function expectedState(
   }
   return {
     links: all.map((slot) => ({ name: tunName(slot), kind: 'tun' as const, mtu: 1500 })),
-    addresses: [],
+    // Exits' TUNs hold their link-local address (ownership.ts exitTunAddress).
+    addresses: exits.map((slot) => ({ dev: tunName(slot), cidr: exitTunAddress(slot) })),
     rules,
     routes,
   };
@@ -310,7 +312,14 @@ describe('DataPlane with a recording kernel: reconciling', { timeout: 60_000 }, 
       'nft delete table inet mesh_agent',
     ]);
     assert.match(applied.at(-1)!, /^nft table inet mesh_agent \{\n/);
-    assert.equal(applied.length, 2 + routeAdds.length + ruleAdds.length + 3, 'nothing else');
+    // The exit's TUN gets its link-local address (ownership.ts exitTunAddress).
+    const addressAdds = applied.filter((l) => / address add /.test(l));
+    assert.deepEqual(addressAdds, [`ip address add ${exitTunAddress(SLOT2)} dev ${TUN2} noprefixroute`]);
+    assert.equal(
+      applied.length,
+      2 + addressAdds.length + routeAdds.length + ruleAdds.length + 3,
+      'nothing else',
+    );
 
     const nft = (await assertKernel(kernel, expected)) ?? assert.fail('no nft table');
     assert.ok(
@@ -329,6 +338,7 @@ describe('DataPlane with a recording kernel: reconciling', { timeout: 60_000 }, 
       exit_mode: null,
       interface: TUN1,
       problem: null,
+      transparent: null,
       streams: { open: 0, opened: 0, bytesUp: 0, bytesDown: 0, resets: 0, refused: 0 },
       counters: { packetsSent: 0, bytesSent: 0, packetsReceived: 0, bytesReceived: 0, dropped: 0 },
     });
@@ -389,6 +399,7 @@ describe('DataPlane with a recording kernel: reconciling', { timeout: 60_000 }, 
       exit_mode: null,
       interface: null,
       problem: null,
+      transparent: null,
       streams: { open: 0, opened: 0, bytesUp: 0, bytesDown: 0, resets: 0, refused: 0 },
       counters: { packetsSent: 0, bytesSent: 0, packetsReceived: 0, bytesReceived: 0, dropped: 0 },
     });
@@ -595,7 +606,10 @@ describe('DataPlane with a recording kernel: reconciling', { timeout: 60_000 }, 
       observed.links.find((l) => l.kind === 'macvlan'),
       { name: macvlanName(slot), kind: 'macvlan', parent: 'eth0', mtu: 1500 },
     );
-    assert.deepEqual(observed.addresses, [{ dev: macvlanName(slot), cidr: '10.91.0.50/24' }]);
+    assert.deepEqual(observed.addresses, [
+      { dev: tunName(slot), cidr: exitTunAddress(slot) },
+      { dev: macvlanName(slot), cidr: '10.91.0.50/24' },
+    ]);
     assert.ok(
       observed.routes.some(
         (r) => r.table === exitTableOf(slot) && r.dst === 'default' && r.via === '10.91.0.254',

@@ -20,12 +20,13 @@ import type { Logger } from 'pino';
 import { parsePeerAddress } from '../domain/peer-address.js';
 import { type TunnelMessage, type TunnelTransport, wholeOf } from '../transports/tunnel.js';
 import { diff } from './diff.js';
-import { AGENT_MARK } from './kernel/ownership.js';
+import { AGENT_MARK, transparentSocketMark } from './kernel/ownership.js';
 import type { KernelPort, Tun } from './kernel/port.js';
 import { decodeMessage, encodePacket, uuidBytes } from './packet-frames.js';
 import {
   type CarriedService,
   carriedServices,
+  cidrHolds,
   isSpecialDestination,
   type Plan,
   type PlanRoute,
@@ -34,12 +35,13 @@ import {
   plan,
   RouteMatcher,
 } from './plan.js';
-import { forwardingProblems } from './requirements.js';
+import { forwardingProblems, hasNetAdmin } from './requirements.js';
 import { FairShaper } from './shaper.js';
 import { SlotTable } from './slots.js';
 import { isStreamKind } from './stream-frames.js';
 import { emptyStats, type StreamEnds, StreamMux, type StreamStats } from './streams.js';
 import { TcpFlowTable } from './tcp-flows.js';
+import { TransparentChecks } from './transparent.js';
 
 /** How long a peer name's DNS answer is used before it is looked up again. */
 const PEER_NAME_TTL_MS = 60_000;
@@ -67,6 +69,8 @@ export interface DataPlaneOptions {
    * listener and marked, optionally bound, outbound connections. Absent: TCP travels as packets.
    */
   sockets?: StreamSockets;
+  /** Whether the process holds CAP_NET_ADMIN (transparent exits need it). Default: hasNetAdmin. */
+  netAdmin?: () => boolean;
 }
 
 export interface StreamSockets {
@@ -76,6 +80,8 @@ export interface StreamSockets {
     address: string;
     port: number;
     localAddress?: string;
+    /** IP_TRANSPARENT: localAddress may be a client's, not this host's (transparent exits). */
+    transparent?: boolean;
     mark?: number;
     timeoutMs?: number;
   }): Promise<Socket>;
@@ -103,13 +109,21 @@ export interface ServiceDataPlaneStatus {
   role: 'ingress' | 'exit' | 'none';
   /** up: tunnel connected and kernel state applied. */
   state: 'up' | 'connecting' | 'down' | 'error' | 'inactive';
-  /** The effective exit mode (LESSONS: a NAT toggle that silently does not take effect). */
-  exit_mode: 'nat' | 'macvlan' | null;
+  /**
+   * The effective exit mode (LESSONS: a NAT toggle that silently does not take effect):
+   * transparent = TCP from the client's address, the rest from the MACVLAN's.
+   */
+  exit_mode: 'nat' | 'macvlan' | 'transparent' | null;
   interface: string | null;
   problem: string | null;
   counters: ServiceCounters;
   /** TCP carried as streams (all zero where TCP travels as packets). */
   streams: StreamStats;
+  /**
+   * A transparent service's exit: whether it can carry it, and why not (transparent.ts). Null
+   * where this agent is not the exit of a transparent service.
+   */
+  transparent: { ready: boolean; reasons: string[] } | null;
 }
 
 interface Carried {
@@ -128,6 +142,11 @@ interface Carried {
   shaper: FairShaper;
   mbps: number;
 }
+
+/** How long an exit waits for a destination to accept a stream's connection. */
+const EXIT_CONNECT_TIMEOUT_MS = 10_000;
+/** How long the probe from the MACVLAN address (after a transparent connection got no answer) waits. */
+const RETURN_PATH_PROBE_MS = 3000;
 
 /** Packets a flow may have waiting for the bandwidth limit before they are dropped. */
 const SHAPED_QUEUE_BYTES = 64 * 1024;
@@ -199,6 +218,10 @@ export class DataPlane {
   private tunnelPeers = new Set<string>();
   /** TUNs opened since the last successful apply: not yet set up (see reconcile). */
   private readonly tunsToSetUp = new Set<string>();
+  /** Transparent exits: host requirements and asymmetric return paths. */
+  private readonly transparent: TransparentChecks;
+  /** Services whose return path is being probed (one probe at a time each). */
+  private readonly probing = new Set<string>();
 
   /** TCP carried as streams (null without options.sockets, until start): listeners and the multiplexer. */
   private streams: {
@@ -209,6 +232,12 @@ export class DataPlane {
   } | null = null;
 
   constructor(private readonly options: DataPlaneOptions) {
+    this.transparent = new TransparentChecks({
+      kernel: options.kernel,
+      logger: options.logger,
+      netAdmin: options.netAdmin ?? (() => hasNetAdmin()),
+      streams: () => this.streams !== null,
+    });
     options.transport.on('message', (peerId, message) => this.fromTunnel(peerId, message));
     // A tunnel going up or down changes what is refused (plan.ts, nftRuleset).
     options.transport.on('state', (peerId, state) => {
@@ -241,7 +270,7 @@ export class DataPlane {
         const c = this.carried.get(serviceId);
         return c?.service.role === 'exit' && c.service.peerId === peerId;
       },
-      connect: (serviceId, ends) => {
+      connect: (serviceId, ends, _fromPeerId, transparent) => {
         const c = this.carried.get(serviceId);
         if (!c)
           return Promise.reject(Object.assign(new Error('service not carried'), { code: 'EHOSTUNREACH' }));
@@ -254,6 +283,11 @@ export class DataPlane {
             }),
           );
         }
+        // Transparent only where both ends say so: the ingress flags the stream, and the exit's
+        // own view of the service allows it (a peer never picks a source address by itself).
+        if (transparent && c.service.transparent && c.service.macvlan) {
+          return this.connectTransparent(sockets, c, ends);
+        }
         return sockets
           .connectNetSocket({
             family: ends.family,
@@ -261,11 +295,91 @@ export class DataPlane {
             port: ends.dstPort,
             localAddress: this.macvlanAddress(c, ends.family),
             mark: AGENT_MARK,
-            timeoutMs: 10_000,
+            timeoutMs: EXIT_CONNECT_TIMEOUT_MS,
           })
           .then(relaySocket);
       },
     });
+  }
+
+  /**
+   * A transparent stream's connection: from the client's own address (IP_TRANSPARENT), marked
+   * so that it leaves by the service's MACVLAN and its replies come back to this socket
+   * (plan.ts: rule TRANSPARENT, nftables `socket transparent`). No answer at all: the return
+   * path is probed (probeReturnPath).
+   */
+  private connectTransparent(sockets: StreamSockets, c: Carried, ends: StreamEnds): Promise<Socket> {
+    const src = parseAddress(ends.srcAddr);
+    // A loopback, multicast or unspecified source is nobody's client.
+    if (!src || isSpecialDestination(src)) {
+      return Promise.reject(
+        Object.assign(new Error(`${ends.srcAddr} cannot be a client address`), { code: 'EACCES' }),
+      );
+    }
+    return sockets
+      .connectNetSocket({
+        family: ends.family,
+        address: ends.dstAddr,
+        port: ends.dstPort,
+        localAddress: ends.srcAddr,
+        transparent: true,
+        mark: transparentSocketMark(c.service.slot),
+        timeoutMs: EXIT_CONNECT_TIMEOUT_MS,
+      })
+      .then(
+        (socket) => {
+          this.transparent.answered(c.service.serviceId);
+          return relaySocket(socket);
+        },
+        (err: NodeJS.ErrnoException) => {
+          if (err.code === 'ETIMEDOUT') this.probeReturnPath(sockets, c, ends);
+          throw err;
+        },
+      );
+  }
+
+  /**
+   * A transparent connection got no SYN-ACK. If the destination answers the MACVLAN's own
+   * address (a connection, or a refusal: either is an answer), it is up and reachable, and only
+   * its replies to the client's address go astray: reported as a probable asymmetric route.
+   */
+  private probeReturnPath(sockets: StreamSockets, c: Carried, ends: StreamEnds): void {
+    const id = c.service.serviceId;
+    const via = this.macvlanAddress(c, ends.family);
+    if (!via || this.probing.has(id)) return;
+    this.probing.add(id);
+    sockets
+      .connectNetSocket({
+        family: ends.family,
+        address: ends.dstAddr,
+        port: ends.dstPort,
+        localAddress: via,
+        mark: AGENT_MARK,
+        timeoutMs: RETURN_PATH_PROBE_MS,
+      })
+      .then(
+        (socket) => {
+          socket.destroy();
+          return true;
+        },
+        (err: NodeJS.ErrnoException) => err.code === 'ECONNREFUSED',
+      )
+      .then((answered) => {
+        if (!answered) return;
+        // The client network as the service's routes name it, else the client alone.
+        const route = (this.view?.routes ?? []).find(
+          (r) => r.serviceId === id && r.sourceCidr !== null && cidrHolds(r.sourceCidr, ends.srcAddr),
+        );
+        const host = `${ends.srcAddr}/${ends.family === 4 ? 32 : 128}`;
+        this.transparent.unansweredButReachable(id, {
+          client: ends.srcAddr,
+          destination: ends.dstAddr,
+          port: ends.dstPort,
+          via,
+          clientNetwork: route?.sourceCidr ?? host,
+        });
+      })
+      .finally(() => this.probing.delete(id));
   }
 
   /** Whether a stream's ends are ones the service's routes select, and not a special address. */
@@ -345,7 +459,7 @@ export class DataPlane {
       dstPort: socket.localPort!,
     };
     relaySocket(socket);
-    this.streams!.mux.carry(c.service.peerId, c.service.serviceId, socket, ends);
+    this.streams!.mux.carry(c.service.peerId, c.service.serviceId, socket, ends, c.service.transparent);
   }
 
   /** Removes a crashed predecessor's state, then reconciles and keeps doing so on a timer. */
@@ -410,6 +524,7 @@ export class DataPlane {
         problem,
         counters: this.counters.get(serviceId) ?? zeroCounters(),
         streams: this.streamStats(serviceId),
+        transparent: null,
       };
     }
     const tunnel = this.options.transport.tunnel(c.service.peerId);
@@ -424,11 +539,19 @@ export class DataPlane {
     return {
       role: c.service.role,
       state,
-      exit_mode: c.service.role === 'exit' ? (c.service.macvlan ? 'macvlan' : 'nat') : null,
+      exit_mode:
+        c.service.role !== 'exit'
+          ? null
+          : c.service.transparent
+            ? 'transparent'
+            : c.service.macvlan
+              ? 'macvlan'
+              : 'nat',
       interface: c.service.tun,
       problem: why,
       counters: c.counters,
       streams: this.streamStats(serviceId),
+      transparent: this.transparent.readiness(serviceId),
     };
   }
 
@@ -470,9 +593,18 @@ export class DataPlane {
     return out;
   }
 
+  /** Each transparent service this agent is the exit of: whether it can carry it now. */
+  transparentReadiness(): Map<string, boolean> {
+    return this.transparent.readyByService();
+  }
+
   /** Why the data plane cannot carry what it should, if so (for /readyz). */
   problems(): string[] {
-    return [...(this.lastError ? [this.lastError] : []), ...this.hostProblems];
+    return [
+      ...(this.lastError ? [this.lastError] : []),
+      ...this.hostProblems,
+      ...this.transparent.problems(),
+    ];
   }
 
   // --- reconciling -------------------------------------------------------------------------------
@@ -592,6 +724,23 @@ export class DataPlane {
     const ingressIds = new Set(next.carried.filter((c) => c.role === 'ingress').map((c) => c.serviceId));
     this.ingressMatcher = new RouteMatcher(view.routes.filter((r) => ingressIds.has(r.serviceId)));
     this.resetConnections(unreachable);
+    // After the apply: the MACVLANs whose rp_filter a transparent exit may set exist now.
+    const services = new Map(view.services.map((s) => [s.id, s]));
+    await this.transparent.check(
+      next.carried
+        .filter((c) => c.role === 'exit' && c.transparent && c.macvlan && !next.problems.has(c.serviceId))
+        .map((c) => {
+          const s = services.get(c.serviceId)!;
+          return {
+            serviceId: c.serviceId,
+            macvlan: c.macvlan!,
+            families: [
+              ...(s.desiredIpv4Cidr ? [4 as const] : []),
+              ...(s.desiredIpv6Cidr ? [6 as const] : []),
+            ],
+          };
+        }),
+    );
     this.lastError = null;
     const exit = next.carried.some((c) => c.role === 'exit');
     const v4 = next.families.has(4);

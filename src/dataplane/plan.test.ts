@@ -11,7 +11,9 @@ import {
   INTERCEPT_TABLE,
   MARK_MASK,
   RULE_PREF,
+  TRANSPARENT_MARK,
   tableOf,
+  transparentSocketMark,
 } from './kernel/ownership.js';
 import {
   compareRoutes,
@@ -170,6 +172,8 @@ describe('plan: exit', () => {
       { name: 'mesh-m1', kind: 'macvlan', parent: 'e0', mtu: 1500 },
     ]);
     assert.deepEqual(p.kernel.addresses, [
+      // The exit's TUN: its link-local address, for reverse-path filtering (ownership.ts).
+      { dev: 'mesh-t1', cidr: '169.254.240.1/32' },
       { dev: 'mesh-m1', cidr: '10.91.2.50/24' },
       { dev: 'mesh-m1', cidr: 'fd91:2::50/64' },
     ]);
@@ -284,6 +288,71 @@ describe('plan: TCP interception (TPROXY) for the stream path', () => {
       p.kernel.routes.some((r) => r.type === 'local'),
       false,
     );
+  });
+});
+
+describe('plan: fully transparent exit (docs/transparent.md)', () => {
+  const exitOf = (fullyTransparent: boolean) =>
+    svc(S2, OTHER, ME, {
+      requiresInterface: true,
+      desiredIpv4Cidr: '10.91.2.50/24',
+      desiredIpv6Cidr: 'fd91:2::50/64',
+      fullyTransparent,
+    });
+
+  it("routes the client-address sockets out of the MACVLAN's table, before the reply rule, and delivers their replies locally", () => {
+    const p = plan(input({ services: [exitOf(true)], routes: [], interceptPort: 7481 }));
+    assert.equal(p.carried[0]!.transparent, true);
+    const mark = transparentSocketMark(2);
+    assert.equal(mark, AGENT_MARK | TRANSPARENT_MARK | (2 << 16));
+    for (const family of [4, 6] as const) {
+      const rule = p.kernel.rules.find((r) => r.family === family && r.pref === RULE_PREF.TRANSPARENT);
+      assert.deepEqual(rule, {
+        family,
+        pref: RULE_PREF.TRANSPARENT,
+        fwmark: { value: TRANSPARENT_MARK | (2 << 16), mask: TRANSPARENT_MARK | MARK_MASK },
+        table: exitTableOf(2),
+      });
+      // The socket's mark holds the slot bits the reply rule matches too: it must come first.
+      assert.ok(RULE_PREF.TRANSPARENT < RULE_PREF.REPLY);
+      assert.ok(
+        p.kernel.rules.some(
+          (r) => r.family === family && r.pref === RULE_PREF.INTERCEPT && r.table === INTERCEPT_TABLE,
+        ),
+      );
+      assert.deepEqual(
+        p.kernel.routes.filter((r) => r.type === 'local' && r.family === family),
+        [{ family, table: INTERCEPT_TABLE, dst: 'default', dev: 'lo', type: 'local' }],
+      );
+    }
+    assert.match(
+      p.kernel.nft ?? '',
+      /meta l4proto tcp socket transparent 1 socket mark and 0x40000000 == 0x40000000 meta mark set meta mark \| 0x10000000 accept/,
+    );
+    // An exit only: nothing is intercepted.
+    assert.doesNotMatch(p.kernel.nft ?? '', /tproxy/);
+  });
+
+  it('plans none of it for a MACVLAN exit without transparency, nor without stream sockets', () => {
+    for (const p of [
+      plan(input({ services: [exitOf(false)], routes: [], interceptPort: 7481 })),
+      plan(input({ services: [exitOf(true)], routes: [] })),
+    ]) {
+      assert.equal(
+        p.kernel.rules.some((r) => r.pref === RULE_PREF.TRANSPARENT || r.pref === RULE_PREF.INTERCEPT),
+        false,
+      );
+      assert.doesNotMatch(p.kernel.nft ?? '', /socket transparent/);
+    }
+  });
+
+  it('flags the ingress end too (its streams ask for transparency), and never a service without an interface', () => {
+    const ingress = plan(
+      input({ services: [svc(S1, ME, EXIT, { requiresInterface: true, fullyTransparent: true })] }),
+    );
+    assert.equal(ingress.carried[0]!.transparent, true);
+    const invalid = plan(input({ services: [svc(S1, ME, EXIT, { fullyTransparent: true })] }));
+    assert.equal(invalid.carried[0]!.transparent, false);
   });
 });
 

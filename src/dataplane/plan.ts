@@ -22,13 +22,16 @@ import { formatCidr, masked, parseCidrLoose } from './kernel/canonical.js';
 import {
   AGENT_MARK,
   exitTableOf,
+  exitTunAddress,
   INTERCEPT_MARK,
   INTERCEPT_TABLE,
   MARK_MASK,
   macvlanName,
   markOf,
   RULE_PREF,
+  TRANSPARENT_MARK,
   tableOf,
+  transparentSocketMark,
   tunName,
 } from './kernel/ownership.js';
 import type { Family, KernelState, LinkSpec, RouteSpec, RuleSpec } from './kernel/port.js';
@@ -46,6 +49,8 @@ export interface PlanService {
   desiredIpv6Cidr: string | null;
   /** bandwidth_limit_mbps: 0 or absent is unlimited (DECISIONS §6). */
   bandwidthLimitMbps?: number;
+  /** fully_transparent: the exit's TCP leaves from the client's own address (docs/transparent.md). */
+  fullyTransparent?: boolean;
 }
 
 export interface PlanRoute {
@@ -96,6 +101,11 @@ export interface CarriedService {
   peerId: string;
   tun: string;
   macvlan: string | null;
+  /**
+   * fully_transparent (at either end: the ingress flags its streams, the exit opens them from the
+   * client's address). Only with a MACVLAN at the exit: the validation refuses it otherwise.
+   */
+  transparent: boolean;
 }
 
 export interface Plan {
@@ -127,6 +137,7 @@ export function carriedServices(
       peerId: role === 'ingress' ? s.targetPeerId : s.sourcePeerId,
       tun: tunName(slot),
       macvlan: role === 'exit' && s.requiresInterface ? macvlanName(slot) : null,
+      transparent: (s.fullyTransparent ?? false) && s.requiresInterface,
     });
   }
   return out.sort((a, b) => a.slot - b.slot);
@@ -159,9 +170,12 @@ export function plan(input: PlanInput): Plan {
   const routes: RouteSpec[] = [];
   const rules: RuleSpec[] = [];
   const byId = new Map(input.services.map((s) => [s.id, s]));
+  const agentSockets = input.agentSockets ?? input.interceptPort != null;
 
   for (const c of carried) {
     links.push({ name: c.tun, kind: 'tun', mtu: input.tunMtu });
+    // Lets loose reverse-path filtering pass the clients' packets (ownership.ts exitTunAddress).
+    if (c.role === 'exit') addresses.push({ dev: c.tun, cidr: exitTunAddress(c.slot) });
     // Into the TUN: the ingress's selected traffic, the exit's replies.
     for (const family of FAMILIES) {
       routes.push({ family, table: tableOf(c.slot), dst: 'default', dev: c.tun });
@@ -186,7 +200,7 @@ export function plan(input: PlanInput): Plan {
           addresses.push({ dev: c.macvlan, cidr: cidr.text });
           const network = networkOf(cidr.text);
           routes.push({ family: cidr.family, table: fromTunTable, dst: network, dev: c.macvlan });
-          if (gateway && contains(network, gateway)) {
+          if (gateway && cidrHolds(network, gateway)) {
             routes.push({
               family: cidr.family,
               table: fromTunTable,
@@ -207,6 +221,16 @@ export function plan(input: PlanInput): Plan {
           pref: RULE_PREF.REPLY,
           fwmark: { value: markOf(c.slot), mask: MARK_MASK },
           table: tableOf(c.slot),
+        });
+      }
+      if (c.role === 'exit' && c.transparent && fromTunTable !== 'main' && agentSockets) {
+        // Sockets bound to a client's address: out of the MACVLAN whatever that address is.
+        const mark = transparentSocketMark(c.slot);
+        rules.push({
+          family,
+          pref: RULE_PREF.TRANSPARENT,
+          fwmark: { value: mark & (TRANSPARENT_MARK | MARK_MASK), mask: TRANSPARENT_MARK | MARK_MASK },
+          table: fromTunTable,
         });
       }
     }
@@ -260,7 +284,11 @@ export function plan(input: PlanInput): Plan {
   }
 
   const intercepting = input.interceptPort != null && slotOfService.size > 0;
-  const agentSockets = input.agentSockets ?? input.interceptPort != null;
+  // Replies to a transparent exit's sockets are addressed to the client: delivered locally by
+  // the same mark and table as TPROXY's.
+  const transparentExits = agentSockets
+    ? carried.filter((c) => c.role === 'exit' && c.transparent && !problems.has(c.serviceId))
+    : [];
   for (const family of FAMILIES) {
     if (agentSockets && slotOfService.size > 0) {
       // The agent's own stream sockets (replies to intercepted clients, an exit's connections)
@@ -272,7 +300,7 @@ export function plan(input: PlanInput): Plan {
         table: 'main',
       });
     }
-    if (intercepting) {
+    if (intercepting || transparentExits.length > 0) {
       rules.push({
         family,
         pref: RULE_PREF.INTERCEPT,
@@ -309,7 +337,13 @@ export function plan(input: PlanInput): Plan {
       routes,
       nft:
         carried.length > 0
-          ? nftRuleset(carried, byId, input.unreachable, intercepting ? input.interceptPort! : null)
+          ? nftRuleset(
+              carried,
+              byId,
+              input.unreachable,
+              intercepting ? input.interceptPort! : null,
+              transparentExits.length > 0,
+            )
           : null,
     },
     carried,
@@ -329,6 +363,7 @@ function nftRuleset(
   byId: ReadonlyMap<string, PlanService>,
   unreachable: ReadonlySet<string>,
   interceptPort: number | null,
+  transparentReplies: boolean,
 ): string {
   const exits = carried.filter((c) => c.role === 'exit');
   const hex = (n: number) => `0x${n.toString(16).padStart(8, '0')}`;
@@ -364,6 +399,13 @@ function nftRuleset(
         ];
   const intercept: string[] = [];
   const interceptLocal: string[] = [];
+  if (transparentReplies) {
+    intercept.push(
+      // Replies to a transparent exit's connections: addressed to the client, whom this host is
+      // not, yet theirs is the agent's socket (IP_TRANSPARENT, TRANSPARENT_MARK): delivered to it.
+      `meta l4proto tcp socket transparent 1 socket mark and ${hex(TRANSPARENT_MARK)} == ${hex(TRANSPARENT_MARK)} meta mark set meta mark | ${hex(INTERCEPT_MARK)} accept`,
+    );
+  }
   const ingressTuns = carried.filter((c) => c.role === 'ingress').map((c) => `"${c.tun}"`);
   if (interceptPort !== null && ingressTuns.length > 0) {
     const tuns = `{ ${ingressTuns.join(', ')} }`;
@@ -552,6 +594,6 @@ export function networkOf(cidrText: string): string {
 }
 
 /** Whether the address lies in the network (same family, same bits under its prefix). */
-function contains(network: string, ip: string): boolean {
+export function cidrHolds(network: string, ip: string): boolean {
   return holds(compileCidr(network), wordsOf(parseAddress(ip)));
 }

@@ -56,9 +56,34 @@ describe('stream frames', () => {
       [42, 256 * 1024, { ...V4, srcAddr: '0.0.0.0', srcPort: 0, dstAddr: '255.255.255.255' }],
     ] as const) {
       const frame = encodeOpen(id, SERVICE, window, ends);
-      assert.equal(frame.length, ends.family === 4 ? 38 : 62);
-      assert.deepEqual(decodeStreamFrame(frame), { kind: 'open', id, serviceId: SERVICE, window, ends });
+      assert.equal(frame.length, ends.family === 4 ? 39 : 63);
+      assert.deepEqual(decodeStreamFrame(frame), {
+        kind: 'open',
+        id,
+        serviceId: SERVICE,
+        window,
+        ends,
+        transparent: false,
+      });
     }
+  });
+
+  it('carries the transparency flag; an OPEN without the flags byte (an older sender) reads as not transparent; unknown flag bits are ignored', () => {
+    const flagged = encodeOpen(7, SERVICE, 1000, V6, true);
+    assert.equal(flagged.at(-1), 1);
+    const decoded = decodeStreamFrame(flagged);
+    assert.ok(decoded.kind === 'open' && decoded.transparent);
+    assert.deepEqual(decoded.ends, V6);
+    const older = encodeOpen(7, SERVICE, 1000, V4, true).subarray(0, 38);
+    const read = decodeStreamFrame(older);
+    assert.ok(read.kind === 'open' && !read.transparent);
+    assert.deepEqual(read.ends, V4);
+    const otherBits = Buffer.from(encodeOpen(7, SERVICE, 1000, V4, false));
+    otherBits[38] = 0xfe;
+    const other = decodeStreamFrame(otherBits);
+    assert.ok(other.kind === 'open' && !other.transparent);
+    // One byte too many is not an OPEN.
+    assert.equal(decodeStreamFrame(Buffer.concat([flagged, Buffer.from([0])])).kind, 'malformed');
   });
 
   it('gives IPv6 addresses back in canonical form', () => {

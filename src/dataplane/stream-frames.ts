@@ -6,7 +6,10 @@
  *
  * Every frame is [kind u8][stream id u32 BE][...]. Layouts after the stream id:
  * - OPEN (2):      [service uuid 16][opener's receive window u32][family u8: 4|6]
- *                  [src addr 4|16][src port u16][dst addr 4|16][dst port u16]
+ *                  [src addr 4|16][src port u16][dst addr 4|16][dst port u16][flags u8]
+ *                  flags: bit 0 TRANSPARENT (fully_transparent: the exit connects from the src
+ *                  address); other bits 0, ignored when read. A sender before the flags byte
+ *                  left it out: read as 0.
  * - OPEN_OK (3):   [exit's receive window u32]
  * - OPEN_FAIL (4): [reason u8] (FAIL_REASONS; an unknown byte decodes as 'other')
  * - DATA (5):      [1..MAX_DATA_PAYLOAD bytes]
@@ -54,7 +57,15 @@ export const FAIL_REASONS = ['refused', 'unreachable', 'timeout', 'unauthorized'
 export type OpenFailReason = (typeof FAIL_REASONS)[number];
 
 export type StreamFrame =
-  | { kind: 'open'; id: number; serviceId: string; window: number; ends: StreamEnds }
+  | {
+      kind: 'open';
+      id: number;
+      serviceId: string;
+      window: number;
+      ends: StreamEnds;
+      /** The ingress asks the exit to connect from ends.srcAddr (fully_transparent). */
+      transparent: boolean;
+    }
   | { kind: 'open_ok'; id: number; window: number }
   | { kind: 'open_fail'; id: number; reason: OpenFailReason }
   | { kind: 'data'; id: number; payload: TunnelMessage }
@@ -99,8 +110,17 @@ function serviceIdBytes(serviceId: string): Buffer {
   return bytes;
 }
 
+/** OPEN flags (the byte after the destination port). */
+const OPEN_FLAG_TRANSPARENT = 0x01;
+
 /** Throws on an invalid argument (a bad address, port, window or service id): a caller's bug. */
-export function encodeOpen(id: number, serviceId: string, window: number, ends: StreamEnds): Buffer {
+export function encodeOpen(
+  id: number,
+  serviceId: string,
+  window: number,
+  ends: StreamEnds,
+  transparent = false,
+): Buffer {
   checkWindow(window);
   checkPort(ends.srcPort);
   checkPort(ends.dstPort);
@@ -108,7 +128,7 @@ export function encodeOpen(id: number, serviceId: string, window: number, ends: 
   const src = addressBytes(ends.family, ends.srcAddr);
   const dst = addressBytes(ends.family, ends.dstAddr);
   const service = serviceIdBytes(serviceId);
-  const out = header(KIND_STREAM_OPEN, id, 16 + 4 + 1 + 2 * (src.length + 2));
+  const out = header(KIND_STREAM_OPEN, id, 16 + 4 + 1 + 2 * (src.length + 2) + 1);
   let at = HEADER;
   service.copy(out, at);
   at += 16;
@@ -122,6 +142,8 @@ export function encodeOpen(id: number, serviceId: string, window: number, ends: 
   out.set(dst, at);
   at += dst.length;
   out.writeUInt16BE(ends.dstPort, at);
+  at += 2;
+  out[at] = transparent ? OPEN_FLAG_TRANSPARENT : 0;
   return out;
 }
 
@@ -212,7 +234,8 @@ export function decodeStreamFrame(received: TunnelMessage): DecodedStreamFrame {
       const family = message[HEADER + 20];
       if (family !== 4 && family !== 6) return malformed(`OPEN family ${family}`);
       const size = family === 4 ? 4 : 16;
-      if (rest !== 16 + 4 + 1 + 2 * (size + 2)) return malformed('OPEN length');
+      const withoutFlags = 16 + 4 + 1 + 2 * (size + 2);
+      if (rest !== withoutFlags && rest !== withoutFlags + 1) return malformed('OPEN length');
       if (window < 1) return malformed('OPEN window 0');
       let at = HEADER + 21;
       const srcAddr = formatIp(message.subarray(at, at + size));
@@ -222,12 +245,15 @@ export function decodeStreamFrame(received: TunnelMessage): DecodedStreamFrame {
       const dstAddr = formatIp(message.subarray(at, at + size));
       at += size;
       const dstPort = message.readUInt16BE(at);
+      at += 2;
+      const flags = rest === withoutFlags ? 0 : message[at]!;
       return {
         kind: 'open',
         id,
         serviceId: uuidText(message, HEADER),
         window,
         ends: { family, srcAddr, srcPort, dstAddr, dstPort },
+        transparent: (flags & OPEN_FLAG_TRANSPARENT) !== 0,
       };
     }
     case KIND_STREAM_OPEN_OK: {

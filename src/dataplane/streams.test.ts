@@ -39,7 +39,9 @@ interface Side {
   peerDowns: number;
   /** Messages from the tunnel are dropped before the mux (a silent peer). */
   deaf: boolean;
-  connects: { serviceId: string; ends: StreamEnds; from: string }[];
+  connects: { serviceId: string; ends: StreamEnds; from: string; transparent: boolean }[];
+  /** carry() asks for transparency (fully_transparent) on the streams opened here. */
+  transparent: boolean;
   /** Sockets the exit's connect() opened toward the destination. */
   exitSockets: net.Socket[];
 }
@@ -142,6 +144,7 @@ async function setup(options: SetupOptions): Promise<Harness> {
       deaf: false,
       connects: [],
       exitSockets: [],
+      transparent: false,
     } as unknown as Side;
     side.mux = new StreamMux({
       link: {
@@ -149,8 +152,8 @@ async function setup(options: SetupOptions): Promise<Harness> {
         ...(options.rttMs ? { rttMs: () => options.rttMs ?? null } : {}),
       },
       localPeerId: id,
-      connect: async (serviceId, ends, from) => {
-        side.connects.push({ serviceId, ends, from });
+      connect: async (serviceId, ends, from, transparent) => {
+        side.connects.push({ serviceId, ends, from, transparent });
         const socket = track(await dial(ends.dstPort, ends.dstAddr));
         side.exitSockets.push(socket);
         return socket;
@@ -173,13 +176,19 @@ async function setup(options: SetupOptions): Promise<Harness> {
     // Without allowHalfOpen, as a careless listener would be: carry() must set it itself.
     const ingress = net.createServer((socket) => {
       track(socket);
-      side.mux.carry(other, SERVICE, socket, {
-        family: 4,
-        srcAddr: socket.remoteAddress!,
-        srcPort: socket.remotePort!,
-        dstAddr: '127.0.0.1',
-        dstPort: destinationPort,
-      });
+      side.mux.carry(
+        other,
+        SERVICE,
+        socket,
+        {
+          family: 4,
+          srcAddr: socket.remoteAddress!,
+          srcPort: socket.remotePort!,
+          dstAddr: '127.0.0.1',
+          dstPort: destinationPort,
+        },
+        side.transparent,
+      );
     });
     servers.push(ingress);
     side.ingressPort = await listen(ingress);
@@ -278,6 +287,15 @@ describe('StreamMux over the memory transport with loopback sockets', { timeout:
       { family: 4, dstAddr: '127.0.0.1', dstPort: h.destinationPort },
     );
     assert.equal(connect.ends.srcPort, clientPort);
+    assert.equal(connect.transparent, false);
+    // A stream carried with transparency reaches the exit's connect() with the flag.
+    h.a.transparent = true;
+    const flagged = await h.client(h.a);
+    const flaggedAnswer = collect(flagged);
+    flagged.end('again');
+    assert.equal((await within(5_000, 'echo', flaggedAnswer)).toString(), 'again');
+    assert.equal(h.b.connects[1]!.transparent, true);
+    assert.equal(h.b.connects[1]!.ends.srcAddr, '127.0.0.1');
     await waitFor(
       'streams freed',
       () => h.a.mux.stats(SERVICE).open === 0 && h.b.mux.stats(SERVICE).open === 0,
@@ -285,9 +303,9 @@ describe('StreamMux over the memory transport with loopback sockets', { timeout:
     for (const side of [h.a, h.b])
       assert.deepEqual(side.mux.stats(SERVICE), {
         open: 0,
-        opened: 1,
-        bytesUp: 21,
-        bytesDown: 21,
+        opened: 2,
+        bytesUp: 26,
+        bytesDown: 26,
         resets: 0,
         refused: 0,
       });

@@ -79,9 +79,10 @@ export interface StreamMuxOptions {
   /**
    * Exit side: opens the outbound connection for a stream; resolves when connected, rejects with
    * a Node errno error (ECONNREFUSED -> 'refused', EHOSTUNREACH/ENETUNREACH -> 'unreachable',
-   * ETIMEDOUT -> 'timeout', anything else -> 'other').
+   * ETIMEDOUT -> 'timeout', anything else -> 'other'). `transparent`: the ingress flagged the
+   * stream (fully_transparent): connect from ends.srcAddr if the service allows it.
    */
-  connect(serviceId: string, ends: StreamEnds, fromPeerId: string): Promise<Socket>;
+  connect(serviceId: string, ends: StreamEnds, fromPeerId: string, transparent: boolean): Promise<Socket>;
   /** Exit side: may this peer open streams of this service (it is the service's other end)? */
   authorize(peerId: string, serviceId: string): boolean;
   /** Per-stream receive window in bytes, announced to the peer. Default 256 KiB. */
@@ -257,9 +258,10 @@ export class StreamMux {
   /**
    * Ingress: carries an accepted client socket to the service's exit. The mux owns the socket
    * from now on (it sets allowHalfOpen so that a client's FIN only ends one direction); call it
-   * in the 'connection' handler, before anything reads from the socket.
+   * in the 'connection' handler, before anything reads from the socket. `transparent`: flag the
+   * stream so that the exit connects from the client's address (fully_transparent).
    */
-  carry(peerId: string, serviceId: string, client: Socket, ends: StreamEnds): void {
+  carry(peerId: string, serviceId: string, client: Socket, ends: StreamEnds, transparent = false): void {
     if (client.destroyed) return;
     if (this.closed || peerId === this.localPeerId) {
       resetSocket(client);
@@ -274,7 +276,7 @@ export class StreamMux {
     const id = this.allocateId(peer);
     let open: Buffer;
     try {
-      open = encodeOpen(id, serviceId, this.window, ends);
+      open = encodeOpen(id, serviceId, this.window, ends, transparent);
     } catch {
       // Not a UUID or not an address: a caller's bug, but the client must not hang on it.
       resetSocket(client);
@@ -454,7 +456,7 @@ export class StreamMux {
     s.timer.unref();
     let connecting: Promise<Socket>;
     try {
-      connecting = Promise.resolve(this.options.connect(f.serviceId, f.ends, peer.id));
+      connecting = Promise.resolve(this.options.connect(f.serviceId, f.ends, peer.id, f.transparent));
     } catch (err) {
       connecting = Promise.reject(err);
     }

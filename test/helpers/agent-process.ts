@@ -14,6 +14,10 @@ import { freePort } from './ports.js';
 
 export const MAIN_JS = fileURLToPath(new URL('../../src/cli/main.js', import.meta.url));
 
+/** `sh -c` script: /proc/sys read-only in this mount namespace, then the command ($0 "$@") in place. */
+const READ_ONLY_SYSCTLS =
+  'mount --make-rprivate / && mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys && exec "$0" "$@"';
+
 export interface StartOptions {
   vendor?: Vendor;
   dataDir?: string;
@@ -26,6 +30,11 @@ export interface StartOptions {
   /** `--listen` (default 127.0.0.1:PORT) and the host the test reaches the API at (127.0.0.1). */
   listen?: string;
   apiHost?: string;
+  /**
+   * With netns: the agent runs in a mount namespace of its own where /proc/sys is read-only (an
+   * agent without the right to change sysctls; its namespace's settings stay readable).
+   */
+  readOnlySysctls?: boolean;
 }
 
 export class AgentProcess {
@@ -43,6 +52,7 @@ export class AgentProcess {
     private readonly env: Record<string, string>,
     private readonly netns?: string,
     private readonly apiHost = '127.0.0.1',
+    private readonly readOnlySysctls = false,
   ) {
     this.client = new ApiClient(this.url);
   }
@@ -61,7 +71,15 @@ export class AgentProcess {
     // Agents of API and cluster tests share the host's network namespace: their data plane stays
     // off (as root, `auto` would turn it on), and the data-plane tests give each agent its own.
     if (!args.includes('--dataplane')) args.push('--dataplane', 'off');
-    const agent = new AgentProcess(port, dataDir, args, opts.env ?? {}, opts.netns, opts.apiHost);
+    const agent = new AgentProcess(
+      port,
+      dataDir,
+      args,
+      opts.env ?? {},
+      opts.netns,
+      opts.apiHost,
+      opts.readOnlySysctls ?? false,
+    );
     await agent.launch(opts.readyTimeoutMs ?? 20_000);
     return agent;
   }
@@ -80,8 +98,19 @@ export class AgentProcess {
     this.exitCode = null;
     this.exitSignal = null;
     // `ip netns exec` execs the command in place: the child's pid is the agent's own.
+    // The shell execs node in place too.
+    const readOnly = ['unshare', '--mount', 'sh', '-c', READ_ONLY_SYSCTLS];
     const [command, ...argv] = this.netns
-      ? ['ip', 'netns', 'exec', this.netns, process.execPath, MAIN_JS, ...this.args]
+      ? [
+          'ip',
+          'netns',
+          'exec',
+          this.netns,
+          ...(this.readOnlySysctls ? readOnly : []),
+          process.execPath,
+          MAIN_JS,
+          ...this.args,
+        ]
       : [process.execPath, MAIN_JS, ...this.args];
     this.proc = spawn(command!, argv, {
       env: { ...process.env, ...this.env },

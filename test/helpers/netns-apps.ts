@@ -2,12 +2,13 @@
  * Small programs the data-plane tests run inside their namespaces (`ip netns exec NS node
  * dist/test/helpers/netns-apps.js CMD ...`):
  * - `serve PORT_HTTP PORT_UDP`: the destination. HTTP on [::] (dual stack): `/` answers the
- *   client address it saw and prints `remote <addr>` to stdout (its own log); `/bytes?n=N` sends
+ *   client address it saw and prints `remote <addr> <path>` to stdout (its own log); `/bytes?n=N` sends
  *   N bytes of the test stream (see streamBlock); `/stall` sends its headers and one line, then
  *   nothing more until the client goes (a connection on which the client only waits); a POST
  *   to `/sink` answers the number of body bytes it read. A UDP echo on PORT_UDP. Two raw TCP
  *   servers: on PORT_HTTP+1 one that reads to the client's FIN and then answers `got <n>` and
  *   closes (half-close), on PORT_HTTP+2 one that resets every connection at its first byte.
+ *   Each UDP datagram's sender is printed as `udp-remote <addr>`.
  * - `tcp HOST PORT halfclose|reset|connect`: a raw TCP client; prints JSON {connected, data,
  *   error} (halfclose: sends `hello` and shuts its side; reset: sends a byte and waits; connect:
  *   connects and waits up to 3 s for anything).
@@ -83,7 +84,7 @@ function serve(httpPort: number, udpPort: number): void {
       });
       return;
     }
-    process.stdout.write(`remote ${remote}\n`);
+    process.stdout.write(`remote ${remote} ${req.url ?? '/'}\n`);
     res.writeHead(200, { 'content-type': 'application/json', connection: 'close' });
     res.end(JSON.stringify({ remote }));
   });
@@ -105,7 +106,10 @@ function serve(httpPort: number, udpPort: number): void {
     })
     .listen(httpPort + 2, '::');
   const udp = dgram.createSocket({ type: 'udp6', ipv6Only: false });
-  udp.on('message', (msg, rinfo) => udp.send(msg, rinfo.port, rinfo.address));
+  udp.on('message', (msg, rinfo) => {
+    process.stdout.write(`udp-remote ${rinfo.address.replace(/^::ffff:/, '')}\n`);
+    udp.send(msg, rinfo.port, rinfo.address);
+  });
   udp.bind(udpPort, '::');
   server.on('listening', () => process.stdout.write('listening\n'));
 }

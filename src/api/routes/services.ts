@@ -27,6 +27,7 @@ import {
   serviceCreatedView,
   serviceListView,
   serviceSingleView,
+  transparentReadinessView,
 } from '../views.js';
 
 const read = [{ oauth2: ['urn:vendor:service:services.read'] }];
@@ -124,10 +125,10 @@ export function registerServiceRoutes(app: FastifyInstance, deps: AppDeps): void
     async (request) => {
       const { service, routes } = services.get((request.params as { id: string }).id);
       const single = serviceSingleView(service, routes, isActive(service, new Set(store.activePeerIds())));
-      // The extra field exists only where a data plane runs (an agent with --dataplane off has none).
-      return deps.dataplaneStatus
-        ? { ...single, dataplane: dataplaneView(deps.dataplaneStatus(service.id)) }
-        : single;
+      // The extra fields exist only where a data plane runs (an agent with --dataplane off has none).
+      if (!deps.dataplaneStatus) return single;
+      const status = deps.dataplaneStatus(service.id);
+      return { ...single, ...transparentReadinessView(service, status), dataplane: dataplaneView(status) };
     },
   );
 

@@ -16,6 +16,15 @@ export const macvlanName = (slot: number): string => `${LINK_PREFIX}m${slot}`;
 export const MAX_SLOT = 4095;
 
 /**
+ * An exit's TUN holds one IPv4 link-local address of 169.254.240.0/20 (a /32, no prefix route),
+ * never used to reach anything. Why: the kernel's reverse-path filter (rp_filter 1 or 2, which a
+ * transparent exit sets and many distributions default to) drops every packet that arrives on
+ * an interface without an IPv4 address and whose source is not routed back through that very
+ * interface (fib_validate_source's `no_addr`): a client's packets in an exit's TUN, always.
+ */
+export const exitTunAddress = (slot: number): string => `169.254.${240 + (slot >> 8)}.${slot & 255}/32`;
+
+/**
  * Owned routing tables, two per slot: tableOf(slot) routes into the service's TUN (ingress
  * selection, exit replies); exitTableOf(slot) leaves by the service's MACVLAN (exit with
  * requires_interface).
@@ -32,7 +41,10 @@ export const INTERCEPT_TABLE = TABLE_BASE + 2 * (MAX_SLOT + 1);
  * Owned policy-rule preferences, in the order they are evaluated:
  * - EXCLUDE: the agent's own traffic (to peer addresses, from its API port) and loopback look up
  *   main first, so even a catch-all route keeps the cluster up;
- * - INTERCEPT: TCP that nftables handed to the agent's TPROXY listener (marked) is delivered here;
+ * - INTERCEPT: TCP that nftables handed to the agent's TPROXY listener (marked) is delivered here,
+ *   and so are replies to a transparent exit's sockets (addressed to a client, not to the host);
+ * - TRANSPARENT: a transparent exit's sockets (source: the client's address) leave by their
+ *   service's MACVLAN table; before REPLY, whose mark bits their mark also holds;
  * - REPLY: replies of connections that entered through an exit TUN go back into it (fwmark);
  * - FROM_TUN: packets coming out of one of the agent's TUNs are never selected again (no loops);
  *   at a MACVLAN exit they look up the service's table, which leaves by the MACVLAN;
@@ -44,6 +56,7 @@ export const INTERCEPT_TABLE = TABLE_BASE + 2 * (MAX_SLOT + 1);
 export const RULE_PREF = {
   EXCLUDE: 21_000,
   INTERCEPT: 21_050,
+  TRANSPARENT: 21_075,
   REPLY: 21_100,
   FROM_TUN: 21_200,
   AGENT: 21_300,
@@ -60,6 +73,14 @@ export const markOf = (slot: number): number => slot << MARK_SHIFT;
 export const INTERCEPT_MARK = 0x1000_0000;
 /** The agent's own outbound stream sockets (SO_MARK): never selected, never intercepted. */
 export const AGENT_MARK = 0x2000_0000;
+/**
+ * A transparent exit's sockets (bound to the client's address with IP_TRANSPARENT): SO_MARK
+ * AGENT_MARK | TRANSPARENT_MARK | markOf(slot). The slot routes them out of the service's MACVLAN
+ * (rule TRANSPARENT); the bit lets nftables tell their replies from anyone else's.
+ */
+export const TRANSPARENT_MARK = 0x4000_0000;
+export const transparentSocketMark = (slot: number): number =>
+  (AGENT_MARK | TRANSPARENT_MARK | markOf(slot)) >>> 0;
 
 /** The agent's nftables table (family inet: one ruleset for IPv4 and IPv6). */
 export const NFT_TABLE = 'mesh_agent';
