@@ -8,7 +8,9 @@
  * Figures: iperf3 TCP 1 and 4 streams, iperf3 UDP, new connections per second (ab without
  * keep-alive), the ratio of the mesh to each other path, and the tunnel's CPU seconds per GB.
  * Targets printed as PASS/FAIL: issue 5, >= 1.0x wireguard-go (now UDP only: the packet path);
- * issue 6, TCP 1 stream >= 1.0x stunnel and >= 0.9x nodetls, connections/s >= 1.0x wireguard-go.
+ * issue 6, TCP 1 stream >= 1.0x stunnel and >= 0.9x nodetls, connections/s >= 1.0x wireguard-go;
+ * issue 7, a fully transparent service (path mesh-tp) >= 0.9x the same service without
+ * transparency (mesh-mv: MACVLAN exit, requires_interface, same address) in TCP and conn/s.
  *
  * - Topology and anchors: ../shared/bench-anchors (topology.sh, paths.sh) with BA_PREFIX (mdb).
  *   paths.sh starts iperf3 and the tiny Node HTTP server in dest, and brings each anchor path
@@ -45,6 +47,10 @@
  * in the raw dir, with `perf report` by DSO and by symbol beside it; read them with
  * perf-summary.js). Agents and relays then start with --perf-basic-prof-only-functions, so JIT
  * frames have names (node 20 refuses --cpu-prof in NODE_OPTIONS).
+ * Mesh variants: `mesh` (NAT exit), `mesh-mv` (a MACVLAN exit: requires_interface, 10.91.2.50/24
+ * on the exit's e0) and `mesh-tp` (the same with fully_transparent: TCP leaves from the client's
+ * own address; dest's default route already leads back through the exit). Not in the default
+ * PATHS: PATHS="mesh-mv mesh-tp" measures issue 7's ratio.
  * BENCH_TUN_TXQLEN=N (experiment, not what the agent does): sets both TUNs' txqueuelen to N once
  * the service is up (the kernel's default for a TUN is 500 packets).
  */
@@ -176,9 +182,13 @@ interface Proc {
   pid: number;
 }
 
+/** The agent's paths: `mesh` (NAT exit), `mesh-mv` (MACVLAN exit), `mesh-tp` (fully transparent). */
+const MESH_PATHS = ['mesh', 'mesh-mv', 'mesh-tp'];
+const isMeshPath = (path: string): boolean => MESH_PATHS.includes(path);
+
 /** A path's tunnel processes: the agents, this bench's relays, or the daemons paths.sh started (its pids file: "tag pid" lines). */
 function tunnelProcs(path: string): Proc[] {
-  if (path === 'mesh')
+  if (isMeshPath(path))
     return [
       { name: 'ingress', pid: ingress!.agent.proc.pid! },
       { name: 'exit', pid: exit!.agent.proc.pid! },
@@ -391,7 +401,7 @@ async function mgmtUp(): Promise<void> {
 async function startAgents(): Promise<void> {
   const vendor = makeVendor();
   const license = { max_nodes: 5, max_services: 10 };
-  const start = async (ns: string, mgmtIp: string, advertise: string) => {
+  const start = async (ns: string, mgmtIp: string, advertise: string, extra: string[] = []) => {
     const dataDir = mkdtempSync(join(tmpdir(), 'mesh-bench-dp-'));
     agentDirs.push(dataDir);
     const agent = await AgentProcess.start({
@@ -401,13 +411,14 @@ async function startAgents(): Promise<void> {
       port: API_PORT,
       listen: `0.0.0.0:${API_PORT}`,
       apiHost: mgmtIp,
-      extraArgs: ['--advertise', `${advertise}:${API_PORT}`, '--dataplane', 'on'],
+      extraArgs: ['--advertise', `${advertise}:${API_PORT}`, '--dataplane', 'on', ...extra],
       env: S.perf ? { NODE_OPTIONS: '--perf-basic-prof-only-functions' } : {},
     });
     return bootstrapNode(agent, vendor, license);
   };
   ingress = await start(NS.ingress, MGMT.ingress.agentIp, IP.ingressUl);
-  exit = await start(NS.exit, MGMT.exit.agentIp, IP.exitUl);
+  // The exit has no default route here: mesh-mv and mesh-tp put their MACVLAN on its dest side.
+  exit = await start(NS.exit, MGMT.exit.agentIp, IP.exitUl, ['--macvlan-parent', 'e0']);
   const res = await ingress.agent.client.post('/v1/peers', {
     token: ingress.token,
     json: { address: `${IP.exitUl}:${API_PORT}` },
@@ -509,12 +520,20 @@ async function meshRules(): Promise<number> {
   return rules.filter((r) => r.priority >= 21000 && r.priority < 32000).length;
 }
 
-async function meshUp(): Promise<void> {
+async function meshUp(path: string): Promise<void> {
   const a = ingress!;
   const b = exit!;
+  const exitMode =
+    path === 'mesh'
+      ? {}
+      : {
+          requires_interface: true,
+          desired_ipv4_cidr: '10.91.2.50/24',
+          fully_transparent: path === 'mesh-tp',
+        };
   const res = await a.agent.client.post('/v1/services', {
     token: a.token,
-    json: { target_peer_id: b.peerId, transport_type: 'tcp' },
+    json: { target_peer_id: b.peerId, transport_type: 'tcp', ...exitMode },
   });
   if (res.status !== 201) throw new Error(`create service: ${res.status} ${res.text}`);
   const id = res.body.id as string;
@@ -532,6 +551,18 @@ async function meshUp(): Promise<void> {
     }
     return true;
   });
+  if (path !== 'mesh') {
+    // The exit's own word that the mode took effect (and, transparent, that the host is ready).
+    const want = path === 'mesh-tp' ? 'transparent' : 'macvlan';
+    await until(`exit mode ${want}`, 10_000, async () => {
+      const r = await b.agent.client.get(`/v1/services/${id}`, { token: b.token });
+      const mode = (r.body.dataplane as { exit_mode?: string } | undefined)?.exit_mode;
+      const ready = r.body.transparent_ready;
+      return mode === want && (path !== 'mesh-tp' || ready === true)
+        ? true
+        : `exit_mode ${mode}, transparent_ready ${ready} ${JSON.stringify(r.body.transparent_reasons ?? [])}`;
+    });
+  }
   const ping = await inNs(NS.client, 'ping', ['-c', '1', '-W', '3', IP.dest], 10_000);
   if (ping.code !== 0) throw new Error(`mesh: client cannot reach dest: ${ping.out}${ping.err}`);
   const c = await meshCounters(a, id);
@@ -652,7 +683,7 @@ function agentPids(): number[] {
 const PERF_PATHS = (env['BENCH_PERF_PATHS'] || 'mesh').split(/\s+/).filter(Boolean);
 
 async function measure(rep: number, path: string, metric: Metric, fn: () => Promise<Figure>) {
-  const isMesh = path === 'mesh';
+  const isMesh = isMeshPath(path);
   const procs = tunnelProcs(path);
   const pids = procs.map((p) => p.pid);
   const children = path === 'socat';
@@ -755,7 +786,7 @@ async function measure(rep: number, path: string, metric: Metric, fn: () => Prom
 }
 
 function target(path: string): { host: string; iperf: number; http: number } {
-  return path === 'direct' || path === 'wg' || path === 'mesh'
+  return path === 'direct' || path === 'wg' || isMeshPath(path)
     ? { host: IP.dest, iperf: PORT.iperf, http: PORT.http }
     : { host: IP.ingressIn, iperf: PORT.relayIperf, http: PORT.relayHttp };
 }
@@ -772,7 +803,7 @@ async function ensureServices(): Promise<void> {
 
 async function measurePath(rep: number, path: string): Promise<void> {
   const t = target(path);
-  const udp = path === 'direct' || path === 'wg' || path === 'mesh';
+  const udp = path === 'direct' || path === 'wg' || isMeshPath(path);
   const f = (m: string) => join(RAW, `r${rep}-${path}-${m}.${m === 'cps' ? 'txt' : 'json'}`);
   await sleep(1000);
   // TCP omits its first second (slow start); UDP does not: iperf3 3.12 miscounts UDP loss with
@@ -855,6 +886,8 @@ const LABEL: Record<string, string> = {
   socat: 'socat (plain relay)',
   nodetls: 'nodetls (bare Node TLS relay)',
   mesh: '**mesh (agent, tcp service)**',
+  'mesh-mv': 'mesh-mv (MACVLAN exit)',
+  'mesh-tp': '**mesh-tp (fully transparent)**',
 };
 
 function summary(): string {
@@ -923,6 +956,21 @@ function summary(): string {
       }
     }
   }
+  if (paths.includes('mesh-tp') && paths.includes('mesh-mv')) {
+    const pf = (xs: number[]) => (xs.length ? (median(xs) >= 0.9 ? 'PASS' : 'FAIL') : 'n/a');
+    lines.push(
+      '',
+      'Issue 7: fully transparent (mesh-tp) >= 0.9x the same MACVLAN service without transparency (mesh-mv), medians of the per-rep ratios:',
+      '',
+    );
+    for (const m of ['tcp1', 'tcp4', 'cps'] as const) {
+      const r = ratios('mesh-tp', 'mesh-mv', m, 'value');
+      const c = ratios('mesh-tp', 'mesh-mv', m, 'cpu');
+      lines.push(
+        `- ${m}: ${r.length ? sig(median(r)) : 'n/a'}x ${pf(r)} [${cell(r)}]; CPU efficiency ${c.length ? sig(median(c)) : 'n/a'}x`,
+      );
+    }
+  }
   const meshGc = samples.filter((s) => s.path === 'mesh' && s.mesh);
   if (meshGc.length) {
     const major = (s: Sample, side: 'ingress' | 'exit', k: 'count' | 'seconds') =>
@@ -974,7 +1022,7 @@ function cleanup(): Promise<void> {
     mkdirSync(RAW, { recursive: true });
     if (ingress) writeFileSync(join(RAW, 'agent-ingress.log'), ingress.agent.logs);
     if (exit) writeFileSync(join(RAW, 'agent-exit.log'), exit.agent.logs);
-    if (currentPath && currentPath !== 'mesh')
+    if (currentPath && !isMeshPath(currentPath))
       await pathDown(currentPath).catch((e: Error) => log(e.message));
     await anchors('paths.sh', 'services-down').catch(() => '');
     await anchors('topology.sh', 'down').catch((e: Error) => log(e.message));
@@ -1016,7 +1064,9 @@ async function main(): Promise<void> {
       throw new Error(`missing ${b}: run ${join(ANCHORS, 'install-deps.sh')}`);
   }
   for (const p of S.paths)
-    if (!['direct', 'wg', 'stunnel', 'socat', 'nodetls', 'kcp-aes-w', 'kcp-none-w', 'mesh'].includes(p))
+    if (
+      !['direct', 'wg', 'stunnel', 'socat', 'nodetls', 'kcp-aes-w', 'kcp-none-w', ...MESH_PATHS].includes(p)
+    )
       throw new Error(`unknown path ${p}`);
   mkdirSync(RAW, { recursive: true });
   const envInfo = await environment();
@@ -1031,20 +1081,20 @@ async function main(): Promise<void> {
     for (const m of [MGMT.ingress, MGMT.exit]) await run('ip', ['link', 'del', m.host]);
     await anchors('topology.sh', 'up');
     await anchors('paths.sh', 'services-up');
-    if (S.paths.includes('mesh')) {
+    if (S.paths.some(isMeshPath)) {
       await mgmtUp();
       await startAgents();
       log(`agents up: ingress ${ingress!.peerId}, exit ${exit!.peerId}`);
     }
     // The mesh goes last in each rep, so a service never exists while an anchor is measured.
-    const order = [...S.paths.filter((p) => p !== 'mesh'), ...S.paths.filter((p) => p === 'mesh')];
+    const order = [...S.paths.filter((p) => !isMeshPath(p)), ...S.paths.filter(isMeshPath)];
     for (let rep = 1; rep <= S.reps; rep++) {
       for (const path of order) {
         log(`rep ${rep}/${S.reps} path ${path}`);
         await ensureServices();
         currentPath = path;
         try {
-          if (path === 'mesh') await meshUp();
+          if (isMeshPath(path)) await meshUp(path);
           else {
             if ((await meshRules()) !== 0) throw new Error('mesh rules present while measuring an anchor');
             await pathUp(path);
@@ -1068,7 +1118,7 @@ async function main(): Promise<void> {
               });
           }
         } finally {
-          if (path === 'mesh') await meshDown();
+          if (isMeshPath(path)) await meshDown();
           else await pathDown(path).catch((e: Error) => log(e.message));
           currentPath = undefined;
         }
