@@ -470,6 +470,25 @@ describe('kernel port: RecordingKernel and LinuxKernel on one scenario', { timeo
     await assert.rejects(real.readSysctl('net/../../etc/passwd'), KernelError);
   });
 
+  it('writes a sysctl the same way; the namespace has it, nothing else does; a key that is not there fails', async () => {
+    const key = 'net.ipv4.conf.veth-x.rp_filter';
+    const before = await real.readSysctl(key);
+    const hostValue = readFileSync('/proc/sys/net/ipv4/conf/all/rp_filter', 'utf8').trim();
+    for (const k of [real, fake]) {
+      await k.writeSysctl(key, '2');
+      assert.equal(await k.readSysctl(key), '2');
+      await assert.rejects(k.writeSysctl('net.ipv4.conf.no-such-link.rp_filter', '2'), KernelError);
+    }
+    assert.equal(
+      sh(['ip', 'netns', 'exec', NS, 'cat', '/proc/sys/net/ipv4/conf/veth-x/rp_filter']).trim(),
+      '2',
+    );
+    assert.equal(readFileSync('/proc/sys/net/ipv4/conf/all/rp_filter', 'utf8').trim(), hostValue);
+    await assert.rejects(real.writeSysctl('net/../../etc/passwd', '1'), KernelError);
+    await assert.rejects(real.writeSysctl(key, '1; reboot'), KernelError);
+    await real.writeSysctl(key, before ?? '0');
+  });
+
   it('without a namespace, reads this process’s /proc/sys', async () => {
     const here = readFileSync('/proc/sys/net/ipv4/ip_forward', 'utf8').trim();
     assert.equal(await new LinuxKernel().readSysctl('net.ipv4.ip_forward'), here);

@@ -8,62 +8,30 @@
  * the way, and the agents are restarted and killed near the end.
  */
 import assert from 'node:assert/strict';
-import type { ChildProcess } from 'node:child_process';
 import { after, before, describe, it } from 'node:test';
-import { fileURLToPath } from 'node:url';
-import { AgentProcess } from '../helpers/agent-process.js';
-import { eventually } from '../helpers/cluster.js';
-
-/** Retries fn until it stops throwing, for at most ms. */
-const until = (what: string, fn: () => Promise<void>, ms: number) =>
-  eventually(
-    what,
-    async () => {
-      await fn();
-      return true;
-    },
-    ms,
-  );
-
-import { makeVendor } from '../helpers/licenses.js';
+import {
+  APPS,
+  dataplaneOf,
+  HTTP,
+  type MeshNetns,
+  meshNetnsUp,
+  removeService as remove,
+  createService as service,
+  UDP,
+  until,
+  waitUp,
+} from '../helpers/mesh-netns.js';
 import { MARKER, streamSha256 } from '../helpers/netns-apps.js';
-import { IP, spawnIn, type Topology, topologyUp } from '../helpers/netns-topology.js';
-import { bootstrapNode, type Node } from '../helpers/nodes.js';
-
-const APPS = fileURLToPath(new URL('../helpers/netns-apps.js', import.meta.url));
-const PORT = 7480;
-const HTTP = 8080;
-const UDP = 9090;
+import { IP, spawnIn, type Topology } from '../helpers/netns-topology.js';
+import type { Node } from '../helpers/nodes.js';
 
 describe('data plane: traffic through a tcp service', { timeout: 600_000 }, () => {
+  let mesh: MeshNetns;
   let topo: Topology;
   let ingress: Node;
   let exit: Node;
   let exit2: Node;
-  let destServer: ChildProcess;
-  let destLog = '';
   const baseline: Record<string, string> = {};
-
-  async function startAgent(role: 'ingress' | 'exit' | 'exit2', advertise: string, parent?: string) {
-    const ns = topo.ns[role]!;
-    return AgentProcess.start({
-      vendor,
-      netns: ns,
-      port: PORT,
-      listen: `0.0.0.0:${PORT}`,
-      apiHost: topo.mgmt[role],
-      extraArgs: [
-        '--advertise',
-        `${advertise}:${PORT}`,
-        '--dataplane',
-        'on',
-        '--gossip-interval-ms',
-        '200',
-        ...(parent ? ['--macvlan-parent', parent] : []),
-      ],
-    });
-  }
-  const vendor = makeVendor();
 
   /** Kernel state of a namespace that the agent may touch, without counters, handles and link flags. */
   async function kernelDump(ns: string): Promise<string> {
@@ -139,69 +107,13 @@ describe('data plane: traffic through a tcp service', { timeout: 600_000 }, () =
     }
   }
 
-  async function service(node: Node, body: Record<string, unknown>, routes: Record<string, unknown>[]) {
-    const res = await node.agent.client.post('/v1/services', { token: node.token, json: body });
-    assert.equal(res.status, 201, res.text);
-    const id = res.body.id as string;
-    const r = await node.agent.client.post(`/v1/services/${id}/routes`, {
-      token: node.token,
-      json: { routes },
-    });
-    assert.equal(r.status, 201, r.text);
-    return id;
-  }
-
-  async function dataplaneOf(node: Node, id: string) {
-    const res = await node.agent.client.get(`/v1/services/${id}`, { token: node.token });
-    assert.equal(res.status, 200, res.text);
-    return res.body.dataplane as Record<string, unknown>;
-  }
-
-  async function waitUp(id: string, ...nodes: Node[]) {
-    try {
-      await until(
-        `service ${id} up`,
-        async () => {
-          for (const n of nodes)
-            assert.equal((await dataplaneOf(n, id)).state, 'up', `service ${id} on ${n.peerId}`);
-        },
-        20_000,
-      );
-    } catch (err) {
-      const logs = nodes.map((n) => `--- ${n.peerId}\n${n.agent.logs.split('\n').slice(-40).join('\n')}`);
-      throw new Error(`${(err as Error).message}\n${logs.join('\n')}`);
-    }
-  }
-
-  async function remove(node: Node, id: string) {
-    const res = await node.agent.client.delete(`/v1/services/${id}`, { token: node.token });
-    assert.equal(res.status, 200, res.text);
-  }
-
   before(async () => {
-    topo = await topologyUp('mdpt', 41, { secondExit: true });
-    destServer = spawnIn(topo.ns.dest, process.execPath, [APPS, 'serve', String(HTTP), String(UDP)]);
-    destServer.stdout!.on('data', (c: Buffer) => {
-      destLog += c.toString();
-    });
-    const license = { max_nodes: 5, max_services: 20 };
-    ingress = await bootstrapNode(await startAgent('ingress', IP.ingressUl), vendor, license);
-    exit = await bootstrapNode(await startAgent('exit', IP.exitUl, 'e0'), vendor, license);
-    exit2 = await bootstrapNode(await startAgent('exit2', IP.exit2Ul, 'f0'), vendor, license);
-    for (const address of [IP.exitUl, IP.exit2Ul]) {
-      const res = await ingress.agent.client.post('/v1/peers', {
-        token: ingress.token,
-        json: { address: `${address}:${PORT}` },
-      });
-      assert.equal(res.status, 201, res.text);
-    }
-    await until('the destination server', async () => assert.match(destLog, /listening/), 10_000);
+    mesh = await meshNetnsUp('mdpt', 41);
+    ({ topo, ingress, exit, exit2 } = mesh);
   });
 
   after(async () => {
-    await Promise.all([ingress, exit, exit2].filter(Boolean).map((n) => n.agent.stop()));
-    destServer?.kill('SIGKILL');
-    await topo?.down();
+    await mesh?.down();
   });
 
   it('carries nothing before a service exists: the client cannot reach the destination', async () => {

@@ -9,33 +9,25 @@
  * The cases run in order and share the cluster.
  */
 import assert from 'node:assert/strict';
-import type { ChildProcess } from 'node:child_process';
 import { after, before, describe, it } from 'node:test';
-import { fileURLToPath } from 'node:url';
-import { AgentProcess } from '../helpers/agent-process.js';
-import { eventually } from '../helpers/cluster.js';
-import { makeVendor } from '../helpers/licenses.js';
+import {
+  APPS,
+  serviceAt as get,
+  HTTP,
+  type MeshNetns,
+  meshNetnsUp,
+  removeService as remove,
+  createService as service,
+  UDP,
+  until,
+  waitUp,
+} from '../helpers/mesh-netns.js';
 import { streamSha256 } from '../helpers/netns-apps.js';
-import { IP, spawnIn, type Topology, topologyUp } from '../helpers/netns-topology.js';
-import { bootstrapNode, type Node } from '../helpers/nodes.js';
+import { IP, type Topology } from '../helpers/netns-topology.js';
+import type { Node } from '../helpers/nodes.js';
 
-const APPS = fileURLToPath(new URL('../helpers/netns-apps.js', import.meta.url));
-const PORT = 7480;
-const HTTP = 8080;
-const UDP = 9090;
 const MACVLAN = { v4: '10.91.2.50', v6: 'fd91:2::50' };
 const MACVLAN2 = '10.91.4.50';
-
-/** Retries fn until it stops throwing, for at most ms. */
-const until = (what: string, fn: () => Promise<void>, ms: number) =>
-  eventually(
-    what,
-    async () => {
-      await fn();
-      return true;
-    },
-    ms,
-  );
 
 /**
  * Kernel counters that `sysctl -a` shows and that move by themselves (caches, pids, a random
@@ -45,71 +37,12 @@ const VOLATILE_SYSCTLS =
   /^(fs\.(dentry-state|inode-nr|inode-state|file-nr|aio-nr)|kernel\.(ns_last_pid|random\.|pty\.nr)|net\.netfilter\.nf_conntrack_count)/;
 
 describe('data plane: fully transparent services', { timeout: 600_000 }, () => {
+  let mesh: MeshNetns;
   let topo: Topology;
   let ingress: Node;
   let exit: Node;
   let exit2: Node;
-  let destServer: ChildProcess;
-  let destLog = '';
-  const vendor = makeVendor();
-
-  async function startAgent(role: 'ingress' | 'exit' | 'exit2', advertise: string, parent?: string) {
-    return AgentProcess.start({
-      vendor,
-      netns: topo.ns[role]!,
-      port: PORT,
-      listen: `0.0.0.0:${PORT}`,
-      apiHost: topo.mgmt[role],
-      readOnlySysctls: role === 'exit2',
-      extraArgs: [
-        '--advertise',
-        `${advertise}:${PORT}`,
-        '--dataplane',
-        'on',
-        '--gossip-interval-ms',
-        '200',
-        ...(parent ? ['--macvlan-parent', parent] : []),
-      ],
-    });
-  }
-
-  async function service(node: Node, body: Record<string, unknown>, routes: Record<string, unknown>[]) {
-    const res = await node.agent.client.post('/v1/services', { token: node.token, json: body });
-    assert.equal(res.status, 201, res.text);
-    const id = res.body.id as string;
-    const r = await node.agent.client.post(`/v1/services/${id}/routes`, {
-      token: node.token,
-      json: { routes },
-    });
-    assert.equal(r.status, 201, r.text);
-    return id;
-  }
-
-  async function get(node: Node, id: string) {
-    const res = await node.agent.client.get(`/v1/services/${id}`, { token: node.token });
-    assert.equal(res.status, 200, res.text);
-    return res.body as Record<string, unknown> & { dataplane: Record<string, unknown> };
-  }
-
-  async function waitUp(id: string, ...nodes: Node[]) {
-    try {
-      await until(
-        `service ${id} up`,
-        async () => {
-          for (const n of nodes) assert.equal((await get(n, id)).dataplane.state, 'up', `on ${n.peerId}`);
-        },
-        20_000,
-      );
-    } catch (err) {
-      const logs = nodes.map((n) => `--- ${n.peerId}\n${n.agent.logs.split('\n').slice(-40).join('\n')}`);
-      throw new Error(`${(err as Error).message}\n${logs.join('\n')}`);
-    }
-  }
-
-  async function remove(node: Node, id: string) {
-    const res = await node.agent.client.delete(`/v1/services/${id}`, { token: node.token });
-    assert.equal(res.status, 200, res.text);
-  }
+  const destLog = () => mesh.destLog();
 
   const url = (host: string, path = '/') =>
     host.includes(':') ? `http://[${host}]:${HTTP}${path}` : `http://${host}:${HTTP}${path}`;
@@ -121,7 +54,7 @@ describe('data plane: fully transparent services', { timeout: 600_000 }, () => {
    * ADDR`) since `from`, for requests of `path` if given.
    */
   const destSaw = (from: number, prefix = 'remote', path?: string) =>
-    destLog
+    destLog()
       .slice(from)
       .split('\n')
       .filter((l) => l.startsWith(`${prefix} `))
@@ -134,7 +67,7 @@ describe('data plane: fully transparent services', { timeout: 600_000 }, () => {
   async function sourceSeen(host: string): Promise<string> {
     // A path of its own: a request of an earlier try that arrived late is not this one.
     const path = `/?request=${++requests}`;
-    const from = destLog.length;
+    const from = destLog().length;
     await curl(url(host, path));
     let seen: string[] = [];
     await until(
@@ -162,39 +95,24 @@ describe('data plane: fully transparent services', { timeout: 600_000 }, () => {
     topo.run(ns, 'sh', ['-c', `echo ${value} > /proc/sys/${key.replaceAll('.', '/')}`]);
 
   before(async () => {
-    topo = await topologyUp('mdtp', 42, { secondExit: true });
-    // An exit's own default route (here over the underlay). Loose reverse-path filtering, which
-    // a transparent exit sets, drops tunnel packets from a client address the exit has no route
-    // to at all (docs/transparent.md).
-    for (const ns of [topo.ns.exit, topo.ns.exit2!]) {
-      const via = ns === topo.ns.exit ? IP.ingressUl : IP.ingressUl2;
-      await topo.run(ns, 'ip', ['route', 'add', 'default', 'via', via]);
-    }
-    // The return routes docs/transparent.md asks for: client networks via the MACVLAN address.
-    await topo.run(topo.ns.dest, 'ip', ['route', 'add', '10.91.1.0/24', 'via', MACVLAN.v4]);
-    await topo.run(topo.ns.dest, 'ip', ['-6', 'route', 'add', 'fd91:1::/64', 'via', MACVLAN.v6]);
-    destServer = spawnIn(topo.ns.dest, process.execPath, [APPS, 'serve', String(HTTP), String(UDP)]);
-    destServer.stdout!.on('data', (c: Buffer) => {
-      destLog += c.toString();
+    mesh = await meshNetnsUp('mdtp', 42, {
+      readOnlySysctls: ['exit2'],
+      async prepare(t) {
+        // An exit's own default route (here over the underlay). Loose reverse-path filtering,
+        // which a transparent exit sets, drops tunnel packets from a client address the exit
+        // has no route to at all (docs/transparent.md).
+        await t.run(t.ns.exit, 'ip', ['route', 'add', 'default', 'via', IP.ingressUl]);
+        await t.run(t.ns.exit2!, 'ip', ['route', 'add', 'default', 'via', IP.ingressUl2]);
+        // The return routes docs/transparent.md asks for: client networks via the MACVLAN address.
+        await t.run(t.ns.dest, 'ip', ['route', 'add', '10.91.1.0/24', 'via', MACVLAN.v4]);
+        await t.run(t.ns.dest, 'ip', ['-6', 'route', 'add', 'fd91:1::/64', 'via', MACVLAN.v6]);
+      },
     });
-    const license = { max_nodes: 5, max_services: 20 };
-    ingress = await bootstrapNode(await startAgent('ingress', IP.ingressUl), vendor, license);
-    exit = await bootstrapNode(await startAgent('exit', IP.exitUl, 'e0'), vendor, license);
-    exit2 = await bootstrapNode(await startAgent('exit2', IP.exit2Ul, 'f0'), vendor, license);
-    for (const address of [IP.exitUl, IP.exit2Ul]) {
-      const res = await ingress.agent.client.post('/v1/peers', {
-        token: ingress.token,
-        json: { address: `${address}:${PORT}` },
-      });
-      assert.equal(res.status, 201, res.text);
-    }
-    await until('the destination server', async () => assert.match(destLog, /listening/), 10_000);
+    ({ topo, ingress, exit, exit2 } = mesh);
   });
 
   after(async () => {
-    await Promise.all([ingress, exit, exit2].filter(Boolean).map((n) => n.agent.stop()));
-    destServer?.kill('SIGKILL');
-    await topo?.down();
+    await mesh?.down();
   });
 
   const body = (target: Node, transparent: boolean) => ({
@@ -294,7 +212,7 @@ describe('data plane: fully transparent services', { timeout: 600_000 }, () => {
       130_000,
     );
     assert.equal(out.split(' ')[0], streamSha256(n));
-    const from = destLog.length;
+    const from = destLog().length;
     const statuses = await topo.run(
       topo.ns.client,
       process.execPath,
@@ -307,7 +225,7 @@ describe('data plane: fully transparent services', { timeout: 600_000 }, () => {
   });
 
   it('UDP and ICMP of a transparent service cross by the IP tunnel and arrive NATed (MACVLAN address)', async () => {
-    const from = destLog.length;
+    const from = destLog().length;
     assert.equal(
       await topo.run(topo.ns.client, process.execPath, [APPS, 'udp', IP.dest, String(UDP), 'hello-udp']),
       'hello-udp',
