@@ -324,7 +324,7 @@ async function buildDataPlane(
   const apiPort = Number(config.advertise.slice(config.advertise.lastIndexOf(':') + 1));
   const dataplane = new DataPlane({
     kernel: new LinuxKernel({ openTun: (name) => openTun(name) }),
-    transport,
+    transports: { tcp: transport },
     logger: log,
     apiPort: config.listenPort || apiPort,
     macvlanParent: config.macvlanParent ?? null,
@@ -349,6 +349,7 @@ async function buildDataPlane(
         desiredIpv6Cidr: s.desiredIpv6Cidr,
         bandwidthLimitMbps: s.bandwidthLimitMbps,
         fullyTransparent: s.fullyTransparent,
+        transportType: s.transportType,
       })),
       routes: services.flatMap((s) => store.routesOf(s.id)),
     };

@@ -105,12 +105,12 @@ export function registerDataPlaneMetrics(registry: Registry, dataplane: DataPlan
   });
   new Gauge({
     name: 'mesh_tunnel_up',
-    help: '1 while the tunnel to the peer is up, 0 otherwise (peers this agent keeps a tunnel with).',
-    labelNames: ['peer_id'] as const,
+    help: '1 while the tunnel to the peer over the transport (tcp, kcp) is up, 0 otherwise (tunnels this agent keeps).',
+    labelNames: ['peer_id', 'transport'] as const,
     registers,
     collect() {
       this.reset();
-      for (const [peerId, up] of dataplane.tunnelStates()) this.labels(peerId).set(up ? 1 : 0);
+      for (const t of dataplane.tunnelStates()) this.labels(t.peerId, t.transport).set(t.up ? 1 : 0);
     },
   });
   new Gauge({

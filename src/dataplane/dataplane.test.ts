@@ -91,6 +91,8 @@ interface Plane {
   id: string;
   kernel: RecordingKernel;
   transport: MemoryTransport;
+  /** The second transport (as `kcp`), when the plane was given a second network. */
+  kcp: MemoryTransport | null;
   dp: DataPlane;
 }
 
@@ -100,6 +102,7 @@ afterEach(async () => {
   for (const p of live.splice(0)) {
     await p.dp.stop();
     await p.transport.close();
+    await p.kcp?.close();
   }
 });
 
@@ -117,6 +120,8 @@ function plane(
     highWaterMark?: number;
     macvlanParent?: string | null;
     reconcileIntervalMs?: number;
+    /** A second memory network whose transport plays `kcp`. */
+    kcpNetwork?: MemoryNetwork;
   } = {},
 ): Plane {
   const kernel = options.kernel ?? newKernel();
@@ -125,16 +130,17 @@ function plane(
     directory: directory(),
     ...(options.highWaterMark === undefined ? {} : { highWaterMark: options.highWaterMark }),
   });
+  const kcp = options.kcpNetwork?.transport({ localPeerId: id, directory: directory() }) ?? null;
   const dp = new DataPlane({
     kernel,
-    transport,
+    transports: kcp ? { tcp: transport, kcp } : { tcp: transport },
     logger: pino({ level: 'silent' }),
     apiPort: API_PORT,
     macvlanParent: options.macvlanParent ?? null,
     // Large: the timer must not reconcile behind a test's back (unless the test asks for it).
     reconcileIntervalMs: options.reconcileIntervalMs ?? 3_600_000,
   });
-  const p = { id, kernel, transport, dp };
+  const p = { id, kernel, transport, kcp, dp };
   live.push(p);
   return p;
 }
@@ -346,10 +352,13 @@ describe('DataPlane with a recording kernel: reconciling', { timeout: 60_000 }, 
     assert.equal(dp.status(S2).exit_mode, 'nat');
     assert.equal(dp.status(S2).interface, TUN2);
     assert.deepEqual(dp.problems(), []);
-    assert.deepEqual([...dp.tunnelStates()].sort(), [
-      [P1, false],
-      [P2, false],
-    ]);
+    assert.deepEqual(
+      dp.tunnelStates().sort((x, y) => x.peerId.localeCompare(y.peerId)),
+      [
+        { peerId: P1, transport: 'tcp', up: false },
+        { peerId: P2, transport: 'tcp', up: false },
+      ].sort((x, y) => x.peerId.localeCompare(y.peerId)),
+    );
   });
 
   it('update(): an unchanged view applies nothing, a new route only its rule, a removed service goes with its TUN', async () => {
@@ -709,7 +718,7 @@ describe('DataPlane with a memory network: tunnels and packets', { timeout: 60_0
     const nftB = (await b.kernel.observe()).nft;
     assert.deepEqual(refusedTuns(nftB), [tunOf(b, S3).name]);
     assert.ok(nftB?.includes('chain refuse_forward') && nftB.includes('chain refuse_output'));
-    assert.deepEqual([...a.dp.tunnelStates()], [[B, true]]);
+    assert.deepEqual(a.dp.tunnelStates(), [{ peerId: B, transport: 'tcp', up: true }]);
 
     // The pair stops hearing each other: refused again, then up again once healed.
     network.partition(A, B);
@@ -776,6 +785,39 @@ describe('DataPlane with a memory network: tunnels and packets', { timeout: 60_0
     await eventually('the partial write counted', () => (b.dp.dropCounts().get('tun_write') ?? 0) === 2);
     assert.equal(tunB.written.length, 6);
     assert.equal(b.dp.status(S1).counters.dropped, 2);
+  });
+
+  it("carries each service over its own transport_type's tunnel, and drops its packets from the other transport; a transport the agent lacks is the service's problem", async () => {
+    const tcpNet = new MemoryNetwork();
+    const kcpNet = new MemoryNetwork();
+    const kcpServices = () => [svc(S1, A, B, { transportType: 'kcp' }), svc(S3, Z, B)];
+    const a = plane(tcpNet, A, { kcpNetwork: kcpNet });
+    const b = plane(tcpNet, B, { kcpNetwork: kcpNet });
+    await Promise.all([
+      a.dp.start(view(A, kcpServices(), routes())),
+      b.dp.start(view(B, kcpServices(), routes())),
+    ]);
+    await bothUp(a, b);
+    // S1 (kcp) keeps a kcp tunnel between A and B, and no tcp one.
+    assert.deepEqual(a.dp.tunnelStates(), [{ peerId: B, transport: 'kcp', up: true }]);
+    assert.equal(a.transport.tunnel(B), undefined);
+    const tunA = tunOf(a, S1);
+    const tunB = tunOf(b, S1);
+    tunA.inject([ping(1)]);
+    await eventually('the packet at B over kcp', () => tunB.written.length === 1);
+    assert.equal(a.kcp!.tunnel(B)!.stats().messagesSent, 1);
+    // The same peer sending S1's packet over its tcp tunnel: not the service's transport.
+    const tcpAB = a.transport.ensure(B);
+    await eventually('a tcp tunnel A-B', () => tcpAB.state === 'up');
+    tcpAB.send([encodePacket(uuidBytes(S1), ping(2))]);
+    await eventually('dropped as unauthorized', () => b.dp.dropCounts().get('unauthorized') === 1);
+    assert.equal(tunB.written.length, 1);
+
+    // An agent without a kcp transport: the kcp service is its problem, not silently unserved.
+    const c = plane(new MemoryNetwork(), A);
+    await c.dp.start(view(A, kcpServices(), routes()));
+    assert.equal(c.dp.status(S1).state, 'error');
+    assert.match(c.dp.status(S1).problem ?? '', /transport_type kcp is not available/);
   });
 
   it("drops a message from a peer that is not the service's other end, for an unknown service, or malformed", async () => {

@@ -34,6 +34,7 @@ import {
   parseAddress,
   plan,
   RouteMatcher,
+  type TransportKind,
 } from './plan.js';
 import { forwardingProblems, hasNetAdmin } from './requirements.js';
 import { FairShaper } from './shaper.js';
@@ -56,8 +57,11 @@ export interface DataPlaneView {
 
 export interface DataPlaneOptions {
   kernel: KernelPort;
-  /** The transport of `tcp` services. */
-  transport: TunnelTransport;
+  /**
+   * The tunnel transports by transport_type. A service whose transport this agent lacks is
+   * carried nowhere: its status says why.
+   */
+  transports: { tcp: TunnelTransport; kcp?: TunnelTransport };
   logger: Logger;
   apiPort: number;
   /** --macvlan-parent; null: the interface of the default route. */
@@ -215,7 +219,7 @@ export class DataPlane {
   private flushScheduled = false;
   private readonly peerIpCache = new Map<string, { ips: string[]; at: number }>();
   /** Peers this agent keeps a tunnel with. */
-  private tunnelPeers = new Set<string>();
+  private tunnelPeers = new Map<TransportKind, Set<string>>();
   /** TUNs opened since the last successful apply: not yet set up (see reconcile). */
   private readonly tunsToSetUp = new Set<string>();
   /** Transparent exits: host requirements and asymmetric return paths. */
@@ -225,7 +229,8 @@ export class DataPlane {
 
   /** TCP carried as streams (null without options.sockets, until start): listeners and the multiplexer. */
   private streams: {
-    mux: StreamMux;
+    /** Per transport: stream ids, windows and flow control are per tunnel. */
+    muxes: Map<TransportKind, StreamMux>;
     listeners: Server[];
     /** The listeners' port on 127.0.0.1 and ::1, once listening. */
     port: number | null;
@@ -238,21 +243,45 @@ export class DataPlane {
       netAdmin: options.netAdmin ?? (() => hasNetAdmin()),
       streams: () => this.streams !== null,
     });
-    options.transport.on('message', (peerId, message) => this.fromTunnel(peerId, message));
-    // A tunnel going up or down changes what is refused (plan.ts, nftRuleset).
-    options.transport.on('state', (peerId, state) => {
-      // A dead tunnel resets its streams: their clients see an error, never a hang.
-      if (state !== 'up') this.streams?.mux.peerDown(peerId);
-      this.schedule();
-    });
-    options.transport.on('drain', (peerId) => {
-      for (const c of this.carried.values()) if (c.service.peerId === peerId) c.tun.resume();
-      this.streams?.mux.onDrain(peerId);
-    });
+    for (const [kind, transport] of this.transportEntries()) {
+      transport.on('message', (peerId, message) => this.fromTunnel(kind, peerId, message));
+      // A tunnel going up or down changes what is refused (plan.ts, nftRuleset).
+      transport.on('state', (peerId, state) => {
+        // A dead tunnel resets its streams: their clients see an error, never a hang.
+        if (state !== 'up') this.streams?.muxes.get(kind)?.peerDown(peerId);
+        this.schedule();
+      });
+      transport.on('drain', (peerId) => {
+        for (const c of this.carried.values())
+          if (c.service.peerId === peerId && c.service.transport === kind) c.tun.resume();
+        this.streams?.muxes.get(kind)?.onDrain(peerId);
+      });
+    }
   }
 
-  private newMux(sockets: StreamSockets, localPeerId: string): StreamMux {
-    const { transport } = this.options;
+  /** The transports this agent has, by kind. */
+  private transportEntries(): [TransportKind, TunnelTransport][] {
+    const { tcp, kcp } = this.options.transports;
+    return kcp
+      ? [
+          ['tcp', tcp],
+          ['kcp', kcp],
+        ]
+      : [['tcp', tcp]];
+  }
+
+  /** The tunnel that carries a service to its other end, if its transport exists here. */
+  private tunnelOf(c: Pick<CarriedService, 'peerId' | 'transport'>) {
+    return this.options.transports[c.transport]?.tunnel(c.peerId);
+  }
+
+  /** One multiplexer per transport: stream ids, windows and flow control are per tunnel. */
+  private newMux(
+    kind: TransportKind,
+    transport: TunnelTransport,
+    sockets: StreamSockets,
+    localPeerId: string,
+  ): StreamMux {
     return new StreamMux({
       localPeerId,
       link: {
@@ -268,7 +297,7 @@ export class DataPlane {
       limiter: (serviceId) => this.carried.get(serviceId)?.shaper ?? null,
       authorize: (peerId, serviceId) => {
         const c = this.carried.get(serviceId);
-        return c?.service.role === 'exit' && c.service.peerId === peerId;
+        return c?.service.role === 'exit' && c.service.peerId === peerId && c.service.transport === kind;
       },
       connect: (serviceId, ends, _fromPeerId, transparent) => {
         const c = this.carried.get(serviceId);
@@ -447,7 +476,8 @@ export class DataPlane {
     }
     const serviceId = this.ingressMatcher.serviceOf(src, dst);
     const c = serviceId ? this.carried.get(serviceId) : undefined;
-    if (!c || this.options.transport.tunnel(c.service.peerId)?.state !== 'up') {
+    const mux = c && this.streams!.muxes.get(c.service.transport);
+    if (!c || !mux || this.tunnelOf(c.service)?.state !== 'up') {
       socket.resetAndDestroy();
       return;
     }
@@ -459,7 +489,7 @@ export class DataPlane {
       dstPort: socket.localPort!,
     };
     relaySocket(socket);
-    this.streams!.mux.carry(c.service.peerId, c.service.serviceId, socket, ends, c.service.transparent);
+    mux.carry(c.service.peerId, c.service.serviceId, socket, ends, c.service.transparent);
   }
 
   /** Removes a crashed predecessor's state, then reconciles and keeps doing so on a timer. */
@@ -473,7 +503,13 @@ export class DataPlane {
     }
     this.view = view;
     if (this.options.sockets) {
-      this.streams = { mux: this.newMux(this.options.sockets, view.localPeerId), listeners: [], port: null };
+      const sockets = this.options.sockets;
+      const muxes = new Map(
+        this.transportEntries().map(
+          ([kind, t]) => [kind, this.newMux(kind, t, sockets, view.localPeerId)] as const,
+        ),
+      );
+      this.streams = { muxes, listeners: [], port: null };
       try {
         await this.listen(this.options.sockets);
       } catch (err) {
@@ -505,10 +541,12 @@ export class DataPlane {
     for (const c of this.carried.values()) c.tun.close();
     this.carried.clear();
     if (this.streams) {
-      this.streams.mux.close();
+      for (const mux of this.streams.muxes.values()) mux.close();
       for (const l of this.streams.listeners) l.close();
     }
-    for (const peerId of this.tunnelPeers) this.options.transport.release(peerId);
+    for (const [kind, peers] of this.tunnelPeers)
+      for (const peerId of peers) this.options.transports[kind]?.release(peerId);
+    this.tunnelPeers.clear();
     await this.options.kernel.flush();
   }
 
@@ -527,7 +565,7 @@ export class DataPlane {
         transparent: null,
       };
     }
-    const tunnel = this.options.transport.tunnel(c.service.peerId);
+    const tunnel = this.tunnelOf(c.service);
     const hostProblem = this.hostProblems.length > 0 ? this.hostProblems.join('; ') : null;
     const why = problem ?? this.lastError ?? hostProblem;
     // Up only once the kernel carries its traffic: applied (a reconcile that opened the TUN may
@@ -555,20 +593,29 @@ export class DataPlane {
     };
   }
 
+  /** A service's stream counters (summed over the multiplexers: a service changes transport only by being re-created). */
   private streamStats(serviceId: string): StreamStats {
-    return this.streams?.mux.stats(serviceId) ?? emptyStats();
+    const out = emptyStats();
+    for (const mux of this.streams?.muxes.values() ?? []) {
+      const s = mux.stats(serviceId);
+      for (const k of Object.keys(out) as (keyof StreamStats)[]) out[k] += s[k];
+    }
+    return out;
   }
 
   /** Per service this agent carried: its streams (open now, opened, bytes, resets, refusals). */
   allStreamStats(): Map<string, StreamStats> {
     const out = new Map<string, StreamStats>();
-    if (this.streams) for (const id of this.counters.keys()) out.set(id, this.streams.mux.stats(id));
+    if (this.streams) for (const id of this.counters.keys()) out.set(id, this.streamStats(id));
     return out;
   }
 
   /** Stream frames the multiplexer dropped, by cause. */
   streamDrops(): Readonly<Record<string, number>> {
-    return this.streams?.mux.drops() ?? {};
+    const out: Record<string, number> = {};
+    for (const mux of this.streams?.muxes.values() ?? [])
+      for (const [cause, n] of Object.entries(mux.drops())) out[cause] = (out[cause] ?? 0) + (n as number);
+    return out;
   }
 
   /** Packets dropped per service and cause (drops that name no service are in dropCounts only). */
@@ -585,11 +632,12 @@ export class DataPlane {
     return this.counters;
   }
 
-  /** Whether each tunnel this agent keeps is up. */
-  tunnelStates(): Map<string, boolean> {
-    const out = new Map<string, boolean>();
-    for (const peerId of this.tunnelPeers)
-      out.set(peerId, this.options.transport.tunnel(peerId)?.state === 'up');
+  /** Whether each tunnel this agent keeps is up, by peer and transport. */
+  tunnelStates(): { peerId: string; transport: TransportKind; up: boolean }[] {
+    const out: { peerId: string; transport: TransportKind; up: boolean }[] = [];
+    for (const [transport, peers] of this.tunnelPeers)
+      for (const peerId of peers)
+        out.push({ peerId, transport, up: this.tunnelOf({ peerId, transport })?.state === 'up' });
     return out;
   }
 
@@ -642,7 +690,7 @@ export class DataPlane {
     // carriedServices names each service's other end, whose tunnel decides what is refused.
     const unreachable = new Set(
       carriedServices({ localPeerId: view.localPeerId, services: view.services, slots })
-        .filter((c) => this.options.transport.tunnel(c.peerId)?.state !== 'up')
+        .filter((c) => this.tunnelOf(c)?.state !== 'up')
         .map((c) => c.serviceId),
     );
     const next = plan({
@@ -657,24 +705,41 @@ export class DataPlane {
       unreachable,
       interceptPort: this.streams?.port ?? null,
       agentSockets: this.streams !== null,
+      transports: new Set(this.transportEntries().map(([kind]) => kind)),
     });
 
-    // Tunnels: one per peer this agent shares a carried service with; first, so that a kernel
-    // failure below does not keep them down too.
-    const peers = new Set(next.carried.map((c) => c.peerId));
-    let newTunnel = false;
-    for (const peerId of peers) {
-      if (!this.tunnelPeers.has(peerId)) newTunnel = true;
-      this.options.transport.ensure(peerId);
+    // Tunnels: one per peer and transport this agent shares a carried service with; first, so
+    // that a kernel failure below does not keep them down too.
+    const tunnels = new Map<TransportKind, Set<string>>();
+    for (const c of next.carried) {
+      if (!this.options.transports[c.transport]) continue; // reported by plan: no such transport here
+      let peers = tunnels.get(c.transport);
+      if (!peers) tunnels.set(c.transport, (peers = new Set()));
+      peers.add(c.peerId);
     }
-    for (const peerId of this.tunnelPeers) if (!peers.has(peerId)) this.options.transport.release(peerId);
-    this.tunnelPeers = peers;
+    let newTunnel = false;
+    for (const [kind, peers] of tunnels) {
+      for (const peerId of peers) {
+        if (!this.tunnelPeers.get(kind)?.has(peerId)) newTunnel = true;
+        this.options.transports[kind]!.ensure(peerId);
+      }
+    }
+    for (const [kind, peers] of this.tunnelPeers)
+      for (const peerId of peers)
+        if (!tunnels.get(kind)?.has(peerId)) this.options.transports[kind]?.release(peerId);
+    this.tunnelPeers = tunnels;
 
     // TUNs first: links, routes and rules refer to them.
     const wanted = new Map(next.carried.map((c) => [c.serviceId, c]));
     for (const [id, c] of this.carried) {
       const w = wanted.get(id);
-      if (!w || w.tun !== c.service.tun || w.peerId !== c.service.peerId || w.role !== c.service.role) {
+      if (
+        !w ||
+        w.tun !== c.service.tun ||
+        w.peerId !== c.service.peerId ||
+        w.role !== c.service.role ||
+        w.transport !== c.service.transport
+      ) {
         this.closeCarried(c);
       } else {
         c.service = w;
@@ -809,7 +874,7 @@ export class DataPlane {
   private closeCarried(c: Carried): void {
     c.tun.close();
     c.shaper.clear();
-    this.streams?.mux.closeService(c.service.serviceId);
+    for (const mux of this.streams?.muxes.values() ?? []) mux.closeService(c.service.serviceId);
     this.tunsToSetUp.delete(c.service.tun);
     this.carried.delete(c.service.serviceId);
   }
@@ -853,7 +918,7 @@ export class DataPlane {
   // --- packets -----------------------------------------------------------------------------------
 
   private fromTun(c: Carried, packets: Buffer[]): void {
-    const tunnel = this.options.transport.tunnel(c.service.peerId);
+    const tunnel = this.tunnelOf(c.service);
     if (tunnel?.state !== 'up') {
       this.drop('tunnel_down', c, packets.length);
       return;
@@ -879,7 +944,7 @@ export class DataPlane {
   /** fromTun under a bandwidth limit: each packet waits its turn (per flow, fairly) or is dropped. */
   private shapedFromTun(c: Carried, packets: Buffer[]): void {
     const send = (messages: Buffer[], bytes: number) => {
-      const tunnel = this.options.transport.tunnel(c.service.peerId);
+      const tunnel = this.tunnelOf(c.service);
       if (tunnel?.state !== 'up') {
         this.drop('tunnel_down', c, messages.length);
         return;
@@ -909,10 +974,11 @@ export class DataPlane {
     if (now.length > 0) send(now, bytes);
   }
 
-  private fromTunnel(peerId: string, message: TunnelMessage): void {
+  private fromTunnel(kind: TransportKind, peerId: string, message: TunnelMessage): void {
     const first = Buffer.isBuffer(message) ? message : message.parts[0]!;
-    if (this.streams && isStreamKind(first[0])) {
-      this.streams.mux.onMessage(peerId, message);
+    const mux = this.streams?.muxes.get(kind);
+    if (mux && isStreamKind(first[0])) {
+      mux.onMessage(peerId, message);
       return;
     }
     // Packets come whole but for a long one that arrived across reads: one copy, as a TUN write needs.
@@ -926,8 +992,8 @@ export class DataPlane {
       this.drop('unknown_service', undefined, 1);
       return;
     }
-    // Only the service's other end may put packets into its TUN.
-    if (c.service.peerId !== peerId) {
+    // Only the service's other end may put packets into its TUN, over the service's transport.
+    if (c.service.peerId !== peerId || c.service.transport !== kind) {
       this.drop('unauthorized', c, 1);
       return;
     }

@@ -36,6 +36,9 @@ import {
 } from './kernel/ownership.js';
 import type { Family, KernelState, LinkSpec, RouteSpec, RuleSpec } from './kernel/port.js';
 
+/** A service's transport_type: the tunnel transport that carries it. */
+export type TransportKind = 'tcp' | 'kcp';
+
 /** A service as the data plane needs it. */
 export interface PlanService {
   id: string;
@@ -51,6 +54,8 @@ export interface PlanService {
   bandwidthLimitMbps?: number;
   /** fully_transparent: the exit's TCP leaves from the client's own address (docs/transparent.md). */
   fullyTransparent?: boolean;
+  /** transport_type; default tcp. */
+  transportType?: TransportKind;
 }
 
 export interface PlanRoute {
@@ -88,6 +93,8 @@ export interface PlanInput {
    * Default: whether interceptPort is set.
    */
   agentSockets?: boolean;
+  /** The transports this agent has (default: tcp only); a service of another is a problem. */
+  transports?: ReadonlySet<TransportKind>;
 }
 
 export type Role = 'ingress' | 'exit';
@@ -99,6 +106,8 @@ export interface CarriedService {
   role: Role;
   /** The peer at the other end of the tunnel. */
   peerId: string;
+  /** The transport whose tunnel to peerId carries the service. */
+  transport: TransportKind;
   tun: string;
   macvlan: string | null;
   /**
@@ -138,6 +147,7 @@ export function carriedServices(
       tun: tunName(slot),
       macvlan: role === 'exit' && s.requiresInterface ? macvlanName(slot) : null,
       transparent: (s.fullyTransparent ?? false) && s.requiresInterface,
+      transport: s.transportType ?? 'tcp',
     });
   }
   return out.sort((a, b) => a.slot - b.slot);
@@ -172,7 +182,11 @@ export function plan(input: PlanInput): Plan {
   const byId = new Map(input.services.map((s) => [s.id, s]));
   const agentSockets = input.agentSockets ?? input.interceptPort != null;
 
+  const transports = input.transports ?? new Set<TransportKind>(['tcp']);
   for (const c of carried) {
+    if (!transports.has(c.transport)) {
+      problems.set(c.serviceId, `transport_type ${c.transport} is not available on this agent`);
+    }
     links.push({ name: c.tun, kind: 'tun', mtu: input.tunMtu });
     // Lets loose reverse-path filtering pass the clients' packets (ownership.ts exitTunAddress).
     if (c.role === 'exit') addresses.push({ dev: c.tun, cidr: exitTunAddress(c.slot) });

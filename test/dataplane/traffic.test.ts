@@ -240,7 +240,7 @@ describe('data plane: traffic through a tcp service', { timeout: 600_000 }, () =
     // Present (the value may still count a connection that is closing).
     value('mesh_dataplane_connections_open', `service_id="${nat}"`);
     assert.ok(value('mesh_dataplane_packets_total', `service_id="${nat}",direction="sent"`) > 0); // ping, UDP
-    assert.equal(value('mesh_tunnel_up', `peer_id="${exit.peerId}"`), 1);
+    assert.equal(value('mesh_tunnel_up', `peer_id="${exit.peerId}",transport="tcp"`), 1);
   });
 
   it('serves 50 concurrent connections', async () => {
