@@ -713,9 +713,8 @@ export class DataPlane {
     const tunnels = new Map<TransportKind, Set<string>>();
     for (const c of next.carried) {
       if (!this.options.transports[c.transport]) continue; // reported by plan: no such transport here
-      let peers = tunnels.get(c.transport);
-      if (!peers) tunnels.set(c.transport, (peers = new Set()));
-      peers.add(c.peerId);
+      const peers = tunnels.get(c.transport) ?? new Set<string>();
+      tunnels.set(c.transport, peers.add(c.peerId));
     }
     let newTunnel = false;
     for (const [kind, peers] of tunnels) {
