@@ -42,7 +42,8 @@
  * u32 time comparisons break); the congestion window starts at 1 instead of 0 (ikcp's first flush
  * sends nothing); check() answers the flush schedule only (ikcp may answer "now" for a retransmit
  * that update() will not do before the next interval, which makes a timer spin); send() does not
- * copy; `initialSn` exists for wraparound tests (ikcp always starts at 0).
+ * copy; `initialSn` exists for wraparound tests (ikcp always starts at 0); rcvWnd is at least 256
+ * (ikcp: 128) because a message may have 255 fragments (ikcp: 127) and must fit the receive queue.
  *
  * Data structures (the hot path): segments in flight sit in a ring indexed by `sn & mask` (the
  * range snd_una..snd_nxt never exceeds the send window), so an ACK is O(1); received segments out of
