@@ -150,6 +150,37 @@ describe('secure datagrams: handshake', () => {
     const d = s.seal(Buffer.from('x'));
     assert.equal(d.subarray(0, 13).toString('hex'), '03deadbeef0102030405060708');
     assert.equal(s.nextCounter, 0x0102030405060709n);
+    // sealParts: the same datagram in three buffers of its own each call.
+    const rx = new SecureSession({
+      localIndex: 0xdeadbeef,
+      remoteIndex: 1,
+      sendKey: Buffer.alloc(32, 2),
+      receiveKey: Buffer.alloc(32, 1),
+      role: 'responder',
+      createdMs: NOW,
+    });
+    const parts = s.sealParts(Buffer.from('yz'));
+    const next = s.sealParts(Buffer.from('yz'));
+    assert.deepEqual(
+      parts.map((p) => p.length),
+      [13, 2, 16],
+    );
+    assert.equal(parts[0].toString('hex'), '03deadbeef0102030405060709');
+    assert.equal(next[0].toString('hex'), '03deadbeef010203040506070a', 'the first header is left as it was');
+    assert.deepEqual(rx.open(Buffer.concat(next)), Buffer.from('yz'));
+    assert.deepEqual(rx.open(Buffer.concat(parts)), Buffer.from('yz'));
+    assert.deepEqual(rx.open(d), Buffer.from('x'));
+    assert.throws(
+      () =>
+        new SecureSession({
+          ...{ localIndex: -1, remoteIndex: 1 },
+          sendKey: Buffer.alloc(32),
+          receiveKey: Buffer.alloc(32),
+          role: 'responder',
+          createdMs: NOW,
+        }),
+      RangeError,
+    );
     // And the handshake's sessions count from 0.
     const first = initiator.seal(Buffer.alloc(0));
     assert.equal(first.readBigUInt64BE(5), 0n);
@@ -592,12 +623,14 @@ describe('secure datagrams: SecureEndpoint', () => {
       data(e.A.receive(e.B.seal(e.a.id, Buffer.from('pong'))!, '192.0.2.2', NOW)),
       Buffer.from('pong'),
     );
+    const parts = e.A.sealParts(e.b.id, Buffer.from('in parts'))!;
+    assert.deepEqual(data(e.B.receive(Buffer.concat(parts), '192.0.2.1', NOW)), Buffer.from('in parts'));
     const sa = e.A.stats();
     const sb = e.B.stats();
     assert.deepEqual(sa.handshakes, { initiated: 1, answered: 0, completed: 1, confirmed: 0 });
     assert.deepEqual(sb.handshakes, { initiated: 0, answered: 1, completed: 0, confirmed: 1 });
-    assert.equal(sa.sealed, 1);
-    assert.equal(sb.opened, 1);
+    assert.equal(sa.sealed, 2);
+    assert.equal(sb.opened, 2);
     assert.equal(sa.sessions, 1);
     assert.equal(sb.sessions, 1);
   });

@@ -26,9 +26,12 @@
  *   RESPONSE name the receiver's session by them, so several sessions can live at once.
  *
  * Why AES-256-GCM and not ChaCha20-Poly1305: the machines this runs on have AES-NI (and VAES /
- * PCLMULQDQ), where OpenSSL's GCM is faster; bench/transports/tcp-throughput measured the tcp
- * tunnel at 564 MB/s with AES-GCM vs 484 MB/s with ChaCha20-Poly1305. Per datagram Node's
- * createCipheriv set-up dominates either way (bench/transports/kcp-seal).
+ * PCLMULQDQ), where OpenSSL's GCM is the faster AEAD on bulk data: bench/transports/tcp-throughput
+ * measured the tcp tunnel at 564 MB/s with AES-GCM vs 484 MB/s with ChaCha20-Poly1305. For one
+ * 1200-byte datagram at a time Node's per-call cipher set-up dominates and the two (and
+ * AES-128-GCM) came out within the bench's noise of each other (bench/transports/kcp-seal), so
+ * nothing argues against the stronger key; AES-256 also keeps the same margin as WireGuard's
+ * 256-bit keys.
  *
  * Roles: the LOWER peer id dials (as tunnel-keeper.ts), so it is the initiator. The responder
  * accepts an INIT only from an active peer (`peerByKey`) whose id is lower than its own, with a
@@ -53,7 +56,9 @@
  *   `fromAddress` is the source IP WITHOUT the port (a flood from one host would vary the port).
  * - `completeInit(pending, response, nowMs)` -> { ok, session } | { ok: false, reason }: verifies with
  *   the key the INIT was made for; a refused RESPONSE leaves the pending INIT usable.
- * - `SecureSession`: `seal(plaintext)` -> DATA; `open(datagram)` -> plaintext | 'auth' | 'replay' | 'malformed'.
+ * - `SecureSession`: `seal(plaintext)` -> DATA; `sealParts(plaintext)` -> the same DATA as [header,
+ *   ciphertext, tag] for socket.send([...]) without assembling it; `open(datagram)` -> plaintext |
+ *   'auth' | 'replay' | 'malformed'.
  * - `datagramKind(d)`, `receiverIndex(d)`: for routing received datagrams.
  *
  * API, composed (`SecureEndpoint`, one per node; what the transport is meant to use): index
@@ -64,11 +69,17 @@
  *   | { kind: 'reply', peerId, datagram } (send it back to the source) | { kind: 'established', peerId }
  *   (our INIT was answered: send a DATA at once, a keepalive if nothing else, so that the responder
  *   can use the session) | { kind: 'dropped', reason }.
- * - `seal(peerId, plaintext)` -> DATA, or undefined while the peer has no usable session.
+ * - `seal(peerId, plaintext)` -> DATA (`sealParts` likewise), or undefined while the peer has no
+ *   usable session.
  * - `rekeyDue(peerId, nowMs)`, `hasSession(peerId)`, `dropPeer(peerId)`, `stats()`.
  * Rotation: an initiator sends on its new session at once and keeps the old one for receiving
  * until the new one opens its first DATA; a responder keeps sending on the old session until the
  * new one opened its first DATA (proof that the initiator holds the keys), then drops the old one.
+ *
+ * What the transport must do on top: take a peer's address from DATA that OPENED only (an INIT
+ * or RESPONSE can be replayed from anywhere within its checks, and a source address is free to
+ * forge); rekey when rekeyDue() says so (forward secrecy holds per session); after `established`
+ * send a DATA at once; map the `dropped` reasons onto its metrics (stats() keeps the counts).
  */
 import {
   createCipheriv,
@@ -308,6 +319,8 @@ export class SecureSession {
   constructor(init: SessionInit) {
     if (init.sendKey.length !== 32 || init.receiveKey.length !== 32)
       throw new RangeError('keys are 32 bytes');
+    for (const index of [init.localIndex, init.remoteIndex])
+      if (!Number.isInteger(index) || index < 0 || index >= U32) throw new RangeError('indexes are u32');
     this.localIndex = init.localIndex;
     this.remoteIndex = init.remoteIndex;
     this.role = init.role;
@@ -339,14 +352,24 @@ export class SecureSession {
 
   /** A DATA datagram carrying the plaintext; RangeError once 2^60 counters are used (rekey first). */
   seal(plaintext: Buffer): Buffer {
+    const parts = this.sealParts(plaintext);
+    return Buffer.concat(parts, DATA_OVERHEAD + plaintext.length);
+  }
+
+  /**
+   * The same DATA as three buffers (header, ciphertext, tag) that together are the datagram, for a
+   * vectored send (dgram's socket.send([...]) takes a list) without assembling it: the copy and the
+   * second allocation seal() makes cost about a tenth of a seal (bench/transports/kcp-seal). Each
+   * call returns buffers of its own (a pending send may still hold the previous ones).
+   */
+  sealParts(plaintext: Buffer): [header: Buffer, ciphertext: Buffer, tag: Buffer] {
     if (this.sendHi >= COUNTER_HI_LIMIT)
       throw new RangeError('session exhausted: 2^60 datagrams sealed, rekey');
-    const n = plaintext.length;
-    const out = Buffer.allocUnsafe(DATA_OVERHEAD + n);
-    out[0] = TYPE_DATA;
-    out.writeUInt32BE(this.remoteIndex, 1);
-    out.writeUInt32BE(this.sendHi, 5);
-    out.writeUInt32BE(this.sendLo, 9);
+    const header = Buffer.allocUnsafe(DATA_HEADER_BYTES);
+    header[0] = TYPE_DATA;
+    header.writeUInt32BE(this.remoteIndex, 1);
+    header.writeUInt32BE(this.sendHi, 5);
+    header.writeUInt32BE(this.sendLo, 9);
     this.sendNonce.writeUInt32BE(this.sendHi, 4);
     this.sendNonce.writeUInt32BE(this.sendLo, 8);
     if (this.sendLo === U32 - 1) {
@@ -354,11 +377,10 @@ export class SecureSession {
       this.sendHi++;
     } else this.sendLo++;
     const cipher = createCipheriv('aes-256-gcm', this.sendKey, this.sendNonce, { authTagLength: TAG_BYTES });
-    cipher.setAAD(out.subarray(0, DATA_HEADER_BYTES));
-    if (n > 0) cipher.update(plaintext).copy(out, DATA_HEADER_BYTES);
+    cipher.setAAD(header);
+    const ciphertext = plaintext.length > 0 ? cipher.update(plaintext) : EMPTY;
     cipher.final();
-    cipher.getAuthTag().copy(out, DATA_HEADER_BYTES + n);
-    return out;
+    return [header, ciphertext, cipher.getAuthTag()];
   }
 
   /**
@@ -851,6 +873,17 @@ export class SecureEndpoint {
     if (!session || session.exhausted) return undefined;
     this.counts.sealed++;
     return session.seal(plaintext);
+  }
+
+  /** seal() as the three parts of the datagram (SecureSession.sealParts), for a vectored send. */
+  sealParts(
+    peerId: string,
+    plaintext: Buffer,
+  ): [header: Buffer, ciphertext: Buffer, tag: Buffer] | undefined {
+    const session = this.peers.get(peerId)?.current;
+    if (!session || session.exhausted) return undefined;
+    this.counts.sealed++;
+    return session.sealParts(plaintext);
   }
 
   /** Whether seal() works for the peer. */
