@@ -88,6 +88,9 @@ async function makeKcpWorld(peers: number): Promise<TunnelWorld> {
       slots[i]!.killed = true;
       applyFaults();
       await slots[i]!.transport?.close();
+      // Its last datagrams (the CLOSEs) may still wait in the relays' sockets: let the relays read
+      // and drop them while still silent, or a restart right after would let them through.
+      await new Promise((resolve) => setTimeout(resolve, 50));
     },
     restart: async (i) => {
       await startPeer(i);
