@@ -111,11 +111,18 @@ export interface DirectionCounters {
   duplicated: number;
   /** Datagrams held back by reorderMs. */
   reordered: number;
-  /** Socket errors on this direction's sending side (e.g. ECONNREFUSED from the server's host). */
+  /**
+   * up: errors of the upstream sockets (ECONNREFUSED when the server's port is closed, a failed
+   * connect) and datagrams due for a client already forgotten; down: the listening socket's errors.
+   */
   errors: number;
 }
 
-/** received - dropped + duplicated = forwarded + queued (per direction; queued is both). */
+/**
+ * Per direction, received - dropped + duplicated = forwarded + queued + errors-from-forgotten-clients
+ * (queued is both directions' sum; datagrams waiting for a new upstream socket's connect are briefly
+ * in none of them).
+ */
 export interface ImpairCounters {
   up: DirectionCounters;
   down: DirectionCounters;
