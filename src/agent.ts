@@ -39,7 +39,9 @@ import { connectNetSocket, openTransparentListener } from './native/sockets.js';
 import { openTun } from './native/tun.js';
 import { loadOrCreateSecretFile, removeStaleTempFiles } from './store/key-files.js';
 import { Store } from './store/store.js';
+import { KcpTransport } from './transports/kcp-transport.js';
 import { TcpTransport } from './transports/tcp.js';
+import type { PeerDirectory } from './transports/tunnel.js';
 
 export interface AgentConfig {
   listenHost: string;
@@ -300,31 +302,50 @@ async function buildDataPlane(
     return null;
   }
   const log = logger.child({ component: 'dataplane' });
+  const directory: PeerDirectory = {
+    peerByKey(raw) {
+      const key = raw.toString('base64');
+      const p = store.peers().find((x) => x.isActive && x.publicKey === key);
+      return p && { id: p.id };
+    },
+    peer(peerId) {
+      const p = store.peer(peerId);
+      return p?.isActive ? { publicKey: Buffer.from(p.publicKey, 'base64'), address: p.address } : undefined;
+    },
+  };
+  // Short enough that traffic resumes within seconds of a peer coming back.
+  const backoff = { minMs: 250, maxMs: 3000 };
   const transport = new TcpTransport({
     localPeerId: identity.peerId,
     identityKey,
     scheme,
     logger: log,
-    // Short enough that traffic resumes within seconds of a peer coming back.
-    backoff: { minMs: 250, maxMs: 3000 },
-    directory: {
-      peerByKey(raw) {
-        const key = raw.toString('base64');
-        const p = store.peers().find((x) => x.isActive && x.publicKey === key);
-        return p && { id: p.id };
-      },
-      peer(peerId) {
-        const p = store.peer(peerId);
-        return p?.isActive
-          ? { publicKey: Buffer.from(p.publicKey, 'base64'), address: p.address }
-          : undefined;
-      },
-    },
+    backoff,
+    directory,
   });
   const apiPort = Number(config.advertise.slice(config.advertise.lastIndexOf(':') + 1));
+  // The kcp transport's UDP socket takes the API's port number (peers know only that address).
+  let kcp: KcpTransport | undefined;
+  try {
+    kcp = await KcpTransport.start({
+      localPeerId: identity.peerId,
+      identityKey,
+      directory,
+      bind: { address: config.listenHost, port: config.listenPort || apiPort },
+      backoff,
+      // UDP hears nothing when a peer dies (no FIN, no RST as a TCP tunnel gets): a keepalive
+      // every 2 s and 10 s of silence tell it, so its streams' clients get an error well within 15 s.
+      keepaliveIntervalMs: 2000,
+      deadAfterMs: 10_000,
+      logger: log,
+    });
+  } catch (err) {
+    // tcp services still cross; kcp ones show why not (plan.ts: transport not available).
+    log.error({ err }, 'kcp transport: cannot bind its UDP socket; kcp services cannot be carried');
+  }
   const dataplane = new DataPlane({
     kernel: new LinuxKernel({ openTun: (name) => openTun(name) }),
-    transports: { tcp: transport },
+    transports: kcp ? { tcp: transport, kcp } : { tcp: transport },
     logger: log,
     apiPort: config.listenPort || apiPort,
     macvlanParent: config.macvlanParent ?? null,
@@ -358,6 +379,7 @@ async function buildDataPlane(
   store.onWrite(() => {
     if (!started) return;
     transport.revalidate();
+    kcp?.revalidate();
     dataplane.update(view());
   });
   return {
@@ -371,6 +393,7 @@ async function buildDataPlane(
     async stop() {
       await dataplane.stop();
       await transport.close();
+      await kcp?.close();
     },
   };
 }
