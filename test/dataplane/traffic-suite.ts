@@ -5,18 +5,19 @@
  * address it saw. Kernel state is read with `ip -j` and `nft -j` inside the namespaces.
  *
  * The cases share the cluster and run in order: services are created, changed and deleted along
- * the way, and the agents are restarted and killed near the end.
+ * the way, and the agents are restarted and killed near the end. The whole suite runs once per
+ * transport_type (traffic-tcp.test.ts, traffic-kcp.test.ts): every service it creates has it.
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import {
   APPS,
+  createService,
   dataplaneOf,
   HTTP,
   type MeshNetns,
   meshNetnsUp,
   removeService as remove,
-  createService as service,
   UDP,
   until,
   waitUp,
@@ -25,516 +26,523 @@ import { MARKER, streamSha256 } from '../helpers/netns-apps.js';
 import { IP, spawnIn, type Topology } from '../helpers/netns-topology.js';
 import type { Node } from '../helpers/nodes.js';
 
-describe('data plane: traffic through a tcp service', { timeout: 600_000 }, () => {
-  let mesh: MeshNetns;
-  let topo: Topology;
-  let ingress: Node;
-  let exit: Node;
-  let exit2: Node;
-  const baseline: Record<string, string> = {};
+/** The suite for services of one transport_type, in namespaces `prefix`-*, management subnet `index`. */
+export function trafficSuite(transport: 'tcp' | 'kcp', prefix: string, index: number): void {
+  describe(`data plane: traffic through a ${transport} service`, { timeout: 600_000 }, () => {
+    /** Every service of the suite is of the suite's transport. */
+    const service = (node: Node, body: Record<string, unknown>, routes: Record<string, unknown>[]) =>
+      createService(node, { ...body, transport_type: transport }, routes);
+    let mesh: MeshNetns;
+    let topo: Topology;
+    let ingress: Node;
+    let exit: Node;
+    let exit2: Node;
+    const baseline: Record<string, string> = {};
 
-  /** Kernel state of a namespace that the agent may touch, without counters, handles and link flags. */
-  async function kernelDump(ns: string): Promise<string> {
-    const parts = await Promise.all([
-      topo.run(ns, 'ip', ['-j', 'addr', 'show']),
-      topo.run(ns, 'ip', ['-j', '-4', 'rule', 'show']),
-      topo.run(ns, 'ip', ['-j', '-6', 'rule', 'show']),
-      topo.run(ns, 'ip', ['-j', '-4', 'route', 'show', 'table', 'all']),
-      topo.run(ns, 'ip', ['-j', '-6', 'route', 'show', 'table', 'all']),
-      topo.run(ns, 'nft', ['-j', 'list', 'ruleset']),
-    ]);
-    const ignored = new Set([
-      'handle',
-      'packets',
-      'bytes',
-      'stats64',
-      'stats',
-      'flags',
-      'operstate',
-      'linkmode',
-      'valid_life_time',
-      'preferred_life_time',
-      // IPv6 duplicate address detection may still run on a fresh link-local address.
-      'tentative',
-    ]);
-    const strip = (v: unknown): unknown =>
-      Array.isArray(v)
-        ? v.map(strip)
-        : v && typeof v === 'object'
-          ? Object.fromEntries(
-              Object.entries(v)
-                .filter(([k]) => !ignored.has(k))
-                .map(([k, x]) => [k, strip(x)]),
-            )
-          : v;
-    return parts.map((p) => JSON.stringify(strip(JSON.parse(p || '[]')), null, 1)).join('\n');
-  }
-
-  const curl = (url: string, extra: string[] = []) =>
-    topo.run(topo.ns.client, 'curl', ['-sS', '--max-time', '5', ...extra, url], 15_000);
-
-  async function remoteSeen(host: string): Promise<string> {
-    const url = host.includes(':') ? `http://[${host}]:${HTTP}/` : `http://${host}:${HTTP}/`;
-    try {
-      return (JSON.parse(await curl(url)) as { remote: string }).remote;
-    } catch (err) {
-      // What the agents hold at that moment, so that a failure in CI can be understood.
-      const state = async (ns: string) =>
-        [
-          await topo.run(ns, 'ip', ['rule']),
-          await topo.run(ns, 'ip', ['route', 'show', 'table', 'all']).then((r) =>
-            r
-              .split('\n')
-              .filter((l) => l.includes('mesh-'))
-              .join('\n'),
-          ),
-          await topo.run(ns, 'ip', ['-s', 'link']).then((r) => r.split('mesh-').slice(1).join('\n')),
-          await topo.run(ns, 'nft', ['list', 'table', 'inet', 'mesh_agent']).catch((e: Error) => e.message),
-        ].join('\n');
-      const logs = (n: Node) =>
-        n.agent.logs
-          .split('\n')
-          .filter((l) => l.includes('dataplane') || l.includes('tunnel') || l.includes('error'))
-          .slice(-40)
-          .join('\n');
-      const again = await curl(url).then(
-        (r) => `a second try at once worked: ${r}`,
-        (e: Error) => `a second try at once failed too: ${e.message}`,
-      );
-      throw new Error(
-        `${(err as Error).message}\n${again}\n--- ingress\n${await state(topo.ns.ingress)}\n${logs(ingress)}\n--- exit\n${await state(topo.ns.exit)}\n${logs(exit)}`,
-      );
+    /** Kernel state of a namespace that the agent may touch, without counters, handles and link flags. */
+    async function kernelDump(ns: string): Promise<string> {
+      const parts = await Promise.all([
+        topo.run(ns, 'ip', ['-j', 'addr', 'show']),
+        topo.run(ns, 'ip', ['-j', '-4', 'rule', 'show']),
+        topo.run(ns, 'ip', ['-j', '-6', 'rule', 'show']),
+        topo.run(ns, 'ip', ['-j', '-4', 'route', 'show', 'table', 'all']),
+        topo.run(ns, 'ip', ['-j', '-6', 'route', 'show', 'table', 'all']),
+        topo.run(ns, 'nft', ['-j', 'list', 'ruleset']),
+      ]);
+      const ignored = new Set([
+        'handle',
+        'packets',
+        'bytes',
+        'stats64',
+        'stats',
+        'flags',
+        'operstate',
+        'linkmode',
+        'valid_life_time',
+        'preferred_life_time',
+        // IPv6 duplicate address detection may still run on a fresh link-local address.
+        'tentative',
+      ]);
+      const strip = (v: unknown): unknown =>
+        Array.isArray(v)
+          ? v.map(strip)
+          : v && typeof v === 'object'
+            ? Object.fromEntries(
+                Object.entries(v)
+                  .filter(([k]) => !ignored.has(k))
+                  .map(([k, x]) => [k, strip(x)]),
+              )
+            : v;
+      return parts.map((p) => JSON.stringify(strip(JSON.parse(p || '[]')), null, 1)).join('\n');
     }
-  }
 
-  before(async () => {
-    mesh = await meshNetnsUp('mdpt', 41);
-    ({ topo, ingress, exit, exit2 } = mesh);
-  });
+    const curl = (url: string, extra: string[] = []) =>
+      topo.run(topo.ns.client, 'curl', ['-sS', '--max-time', '5', ...extra, url], 15_000);
 
-  after(async () => {
-    await mesh?.down();
-  });
-
-  it('carries nothing before a service exists: the client cannot reach the destination', async () => {
-    // The baseline the kernel must return to: taken with the agents running and links settled
-    // (IPv6 duplicate address detection done: a tentative address has no local routes yet).
-    for (const ns of [topo.ns.ingress, topo.ns.exit, topo.ns.exit2!]) {
-      await until(
-        `IPv6 addresses of ${ns} settled`,
-        async () => assert.equal(await topo.run(ns, 'ip', ['-6', 'addr', 'show', 'tentative']), ''),
-        10_000,
-      );
-      baseline[ns] = await kernelDump(ns);
-    }
-    await assert.rejects(curl(`http://${IP.dest}:${HTTP}/`, ['--max-time', '2']));
-    await assert.rejects(topo.run(topo.ns.client, 'ping', ['-c', '1', '-W', '1', IP.dest]));
-  });
-
-  let nat: string;
-  it('carries HTTP, ping and UDP over IPv4 and IPv6; the destination sees the exit (NAT)', async () => {
-    nat = await service(ingress, { target_peer_id: exit.peerId }, [
-      { priority: 100, dest_cidr: '10.91.2.0/24' },
-      { priority: 100, dest_cidr: 'fd91:2::/64' },
-    ]);
-    await waitUp(nat, ingress, exit);
-    assert.equal(await remoteSeen(IP.dest), IP.exitOut);
-    assert.equal(await remoteSeen(IP.dest6), IP.exitOut6);
-    await topo.run(topo.ns.client, 'ping', ['-c', '3', '-i', '0.2', '-W', '2', IP.dest]);
-    await topo.run(topo.ns.client, 'ping', ['-6', '-c', '3', '-i', '0.2', '-W', '2', IP.dest6]);
-    assert.equal(
-      await topo.run(topo.ns.client, process.execPath, [APPS, 'udp', IP.dest, String(UDP), 'hello-udp']),
-      'hello-udp',
-    );
-    assert.equal(
-      await topo.run(topo.ns.client, process.execPath, [APPS, 'udp', IP.dest6, String(UDP), 'hello-udp6']),
-      'hello-udp6',
-    );
-    const status = await dataplaneOf(exit, nat);
-    assert.equal(status.role, 'exit');
-    assert.equal(status.exit_mode, 'nat');
-  });
-
-  it('moves 100 MB intact (SHA-256) as a stream, not as TUN packets; the underlay shows only the two agents and no payload', async () => {
-    const n = 100 * 1024 * 1024;
-    const before = await dataplaneOf(ingress, nat);
-    const capture = spawnIn(topo.ns.ingress, 'tcpdump', [
-      '-i',
-      'i1',
-      '-n',
-      '-l',
-      '-A',
-      '-s',
-      '256',
-      '-c',
-      '20000',
-      'ip or ip6',
-    ]);
-    let captured = '';
-    capture.stdout!.on('data', (c: Buffer) => {
-      captured += c.toString('latin1');
-    });
-    await new Promise((r) => setTimeout(r, 500));
-    const out = await topo.run(
-      topo.ns.client,
-      'sh',
-      ['-c', `curl -sS --max-time 120 http://${IP.dest}:${HTTP}/bytes?n=${n} | sha256sum`],
-      130_000,
-    );
-    capture.kill('SIGINT');
-    await new Promise((r) => setTimeout(r, 300));
-    assert.equal(out.split(' ')[0], streamSha256(n));
-    const lines = captured.split('\n').filter((l) => / IP6? /.test(l));
-    assert.ok(lines.length > 100, `the capture saw the transfer (${lines.length} packets)`);
-    for (const l of lines) {
-      const m = / IP6? (\S+?)(?:\.\d+)? > (\S+?)(?:\.\d+)?: /.exec(l);
-      if (!m) continue;
-      for (const addr of [m[1], m[2]]) {
-        assert.ok(
-          // Gossip between the two exits crosses the ingress's underlay too.
-          [IP.ingressUl, IP.exitUl, IP.exit2Ul, IP.ingressUl2, 'fd91::1', 'fd91::2'].includes(addr!),
-          `only the agents' underlay addresses on the underlay, saw ${addr} in: ${l}`,
+    async function remoteSeen(host: string): Promise<string> {
+      const url = host.includes(':') ? `http://[${host}]:${HTTP}/` : `http://${host}:${HTTP}/`;
+      try {
+        return (JSON.parse(await curl(url)) as { remote: string }).remote;
+      } catch (err) {
+        // What the agents hold at that moment, so that a failure in CI can be understood.
+        const state = async (ns: string) =>
+          [
+            await topo.run(ns, 'ip', ['rule']),
+            await topo.run(ns, 'ip', ['route', 'show', 'table', 'all']).then((r) =>
+              r
+                .split('\n')
+                .filter((l) => l.includes('mesh-'))
+                .join('\n'),
+            ),
+            await topo.run(ns, 'ip', ['-s', 'link']).then((r) => r.split('mesh-').slice(1).join('\n')),
+            await topo.run(ns, 'nft', ['list', 'table', 'inet', 'mesh_agent']).catch((e: Error) => e.message),
+          ].join('\n');
+        const logs = (n: Node) =>
+          n.agent.logs
+            .split('\n')
+            .filter((l) => l.includes('dataplane') || l.includes('tunnel') || l.includes('error'))
+            .slice(-40)
+            .join('\n');
+        const again = await curl(url).then(
+          (r) => `a second try at once worked: ${r}`,
+          (e: Error) => `a second try at once failed too: ${e.message}`,
+        );
+        throw new Error(
+          `${(err as Error).message}\n${again}\n--- ingress\n${await state(topo.ns.ingress)}\n${logs(ingress)}\n--- exit\n${await state(topo.ns.exit)}\n${logs(exit)}`,
         );
       }
     }
-    assert.ok(!captured.includes(MARKER), 'no payload marker in clear on the underlay');
-    const afterStatus = await dataplaneOf(ingress, nat);
-    const grew = (k: string) => (afterStatus[k] as number) - (before[k] as number);
-    assert.ok(
-      grew('stream_bytes_down') >= n,
-      `the payload crossed as a stream: ${JSON.stringify(afterStatus)}`,
-    );
-    assert.ok(grew('streams_opened') >= 1);
-    // TCP no longer travels as packets: the TUN saw (almost) nothing of the transfer.
-    assert.ok(
-      grew('packets_received') < 100 && grew('packets_sent') < 100,
-      `TUN packet counters stayed flat: ${JSON.stringify({ before, afterStatus })}`,
-    );
-  });
 
-  it('carries TCP that the ingress host itself originates', async () => {
-    const before = await dataplaneOf(ingress, nat);
-    const out = await topo.run(topo.ns.ingress, 'curl', [
-      '-sS',
-      '--max-time',
-      '5',
-      `http://${IP.dest}:${HTTP}/`,
-    ]);
-    assert.equal((JSON.parse(out) as { remote: string }).remote, IP.exitOut);
-    const after = await dataplaneOf(ingress, nat);
-    assert.ok((after.streams_opened as number) > (before.streams_opened as number), JSON.stringify(after));
-  });
-
-  it("shows the service's streams, packets and tunnel in /metrics", async () => {
-    const res = await ingress.agent.client.get('/metrics', { token: ingress.token });
-    assert.equal(res.status, 200);
-    const value = (name: string, labels: string) => {
-      const line = res.text.split('\n').find((l) => l.startsWith(`${name}{${labels}}`));
-      assert.ok(line, `${name}{${labels}} in /metrics`);
-      return Number(line.slice(line.lastIndexOf(' ') + 1));
-    };
-    assert.ok(
-      value('mesh_dataplane_stream_bytes_total', `service_id="${nat}",direction="down"`) >= 100 * 1024 ** 2,
-    );
-    assert.ok(value('mesh_dataplane_connections_total', `service_id="${nat}",event="opened"`) >= 2);
-    // Present (the value may still count a connection that is closing).
-    value('mesh_dataplane_connections_open', `service_id="${nat}"`);
-    assert.ok(value('mesh_dataplane_packets_total', `service_id="${nat}",direction="sent"`) > 0); // ping, UDP
-    assert.equal(value('mesh_tunnel_up', `peer_id="${exit.peerId}",transport="tcp"`), 1);
-  });
-
-  it('serves 50 concurrent connections', async () => {
-    const out = await topo.run(
-      topo.ns.client,
-      process.execPath,
-      [APPS, 'burst', `http://${IP.dest}:${HTTP}/`, '50'],
-      30_000,
-    );
-    assert.deepEqual(JSON.parse(out), Array(50).fill(200));
-  });
-
-  /** The raw TCP client of netns-apps, from the client namespace. */
-  const tcpClient = async (host: string, port: number, mode: 'halfclose' | 'reset' | 'connect') =>
-    JSON.parse(
-      await topo.run(topo.ns.client, process.execPath, [APPS, 'tcp', host, String(port), mode], 20_000),
-    ) as { connected: boolean; data: string; error: string | null };
-
-  it('carries half-close and resets like a direct connection; a refusing destination gives the client an error at once', async () => {
-    // The server reads to the client's FIN, then answers: the other direction stayed open.
-    assert.deepEqual(await tcpClient(IP.dest, HTTP + 1, 'halfclose'), {
-      connected: true,
-      data: 'got 5\n',
-      error: null,
+    before(async () => {
+      mesh = await meshNetnsUp(prefix, index);
+      ({ topo, ingress, exit, exit2 } = mesh);
     });
-    assert.deepEqual(await tcpClient(IP.dest6, HTTP + 1, 'halfclose'), {
-      connected: true,
-      data: 'got 5\n',
-      error: null,
-    });
-    // The server resets: so does the client's connection.
-    assert.equal((await tcpClient(IP.dest, HTTP + 2, 'reset')).error, 'ECONNRESET');
-    // Nothing listens: without the mesh the client's connect fails with ECONNREFUSED. Through
-    // the stream path the ingress has already accepted the connection when the exit learns the
-    // destination refused, so the client sees a reset instead (docs/dataplane.md); at once, never
-    // a hang.
-    const started = Date.now();
-    const refused = await tcpClient(IP.dest, HTTP + 3, 'connect');
-    assert.ok(refused.error === 'ECONNRESET' || refused.error === 'ECONNREFUSED', JSON.stringify(refused));
-    assert.ok(Date.now() - started < 2000, 'the error came at once');
-    const s = await dataplaneOf(ingress, nat);
-    assert.ok((s.streams_refused as number) >= 1, JSON.stringify(s));
-  });
 
-  it('holds bandwidth_limit_mbps in each direction, fair between flows; 0 is unlimited', async (t) => {
-    const measured: string[] = [];
-    const limit = async (mbps: number) => {
-      const res = await ingress.agent.client.put(`/v1/services/${nat}`, {
-        token: ingress.token,
-        json: { bandwidth_limit_mbps: mbps },
+    after(async () => {
+      await mesh?.down();
+    });
+
+    it('carries nothing before a service exists: the client cannot reach the destination', async () => {
+      // The baseline the kernel must return to: taken with the agents running and links settled
+      // (IPv6 duplicate address detection done: a tentative address has no local routes yet).
+      for (const ns of [topo.ns.ingress, topo.ns.exit, topo.ns.exit2!]) {
+        await until(
+          `IPv6 addresses of ${ns} settled`,
+          async () => assert.equal(await topo.run(ns, 'ip', ['-6', 'addr', 'show', 'tentative']), ''),
+          10_000,
+        );
+        baseline[ns] = await kernelDump(ns);
+      }
+      await assert.rejects(curl(`http://${IP.dest}:${HTTP}/`, ['--max-time', '2']));
+      await assert.rejects(topo.run(topo.ns.client, 'ping', ['-c', '1', '-W', '1', IP.dest]));
+    });
+
+    let nat: string;
+    it('carries HTTP, ping and UDP over IPv4 and IPv6; the destination sees the exit (NAT)', async () => {
+      nat = await service(ingress, { target_peer_id: exit.peerId }, [
+        { priority: 100, dest_cidr: '10.91.2.0/24' },
+        { priority: 100, dest_cidr: 'fd91:2::/64' },
+      ]);
+      await waitUp(nat, ingress, exit);
+      assert.equal(await remoteSeen(IP.dest), IP.exitOut);
+      assert.equal(await remoteSeen(IP.dest6), IP.exitOut6);
+      await topo.run(topo.ns.client, 'ping', ['-c', '3', '-i', '0.2', '-W', '2', IP.dest]);
+      await topo.run(topo.ns.client, 'ping', ['-6', '-c', '3', '-i', '0.2', '-W', '2', IP.dest6]);
+      assert.equal(
+        await topo.run(topo.ns.client, process.execPath, [APPS, 'udp', IP.dest, String(UDP), 'hello-udp']),
+        'hello-udp',
+      );
+      assert.equal(
+        await topo.run(topo.ns.client, process.execPath, [APPS, 'udp', IP.dest6, String(UDP), 'hello-udp6']),
+        'hello-udp6',
+      );
+      const status = await dataplaneOf(exit, nat);
+      assert.equal(status.role, 'exit');
+      assert.equal(status.exit_mode, 'nat');
+    });
+
+    it('moves 100 MB intact (SHA-256) as a stream, not as TUN packets; the underlay shows only the two agents and no payload', async () => {
+      const n = 100 * 1024 * 1024;
+      const before = await dataplaneOf(ingress, nat);
+      const capture = spawnIn(topo.ns.ingress, 'tcpdump', [
+        '-i',
+        'i1',
+        '-n',
+        '-l',
+        '-A',
+        '-s',
+        '256',
+        '-c',
+        '20000',
+        'ip or ip6',
+      ]);
+      let captured = '';
+      capture.stdout!.on('data', (c: Buffer) => {
+        captured += c.toString('latin1');
       });
-      assert.equal(res.status, 200, res.text);
-      await ingress.agent.client.post('/v1/cluster/sync', { token: ingress.token });
-      await exit.agent.client.post('/v1/cluster/sync', { token: exit.token });
-    };
-    /** Mbit/s of payload: downloads from /bytes, uploads to /sink, for `seconds`. */
-    /**
-     * Mbit/s of payload, as the receiving end saw it. Down: bytes curl received from /bytes in
-     * `seconds` (more is asked than fits). Up: a fixed amount to /sink, over the time until the
-     * server's answer (it answers once it has read everything; curl's own upload count would
-     * include what merely sits in socket buffers).
-     */
-    const rate = async (direction: 'down' | 'up', mbps: number, seconds: number, flows = 1) => {
-      const bytes = Math.round((mbps * 1e6 * seconds) / 8);
-      const cmd =
-        direction === 'down'
-          ? `curl -sS -o /dev/null --max-time ${seconds} -w '%{size_download}' http://${IP.dest}:${HTTP}/bytes?n=${bytes * 2}`
-          : `head -c ${bytes} /dev/zero | curl -sS --max-time ${seconds * 3} -w ' %{time_total}' -T - http://${IP.dest}:${HTTP}/sink`;
-      // curl exits 28 when --max-time cuts a download, as meant; the size it printed counts.
-      const file = (i: number | string) => `/tmp/mesh-rate-${process.pid}-${i}`;
-      const script = Array.from({ length: flows }, (_, i) => `(${cmd} > ${file(i)}; true) &`).join(' ');
+      await new Promise((r) => setTimeout(r, 500));
       const out = await topo.run(
         topo.ns.client,
         'sh',
-        ['-c', `${script} wait; for i in $(seq 0 ${flows - 1}); do cat ${file('$i')}; echo; done`],
-        (seconds * 3 + 10) * 1000,
+        ['-c', `curl -sS --max-time 120 http://${IP.dest}:${HTTP}/bytes?n=${n} | sha256sum`],
+        130_000,
       );
-      return out
-        .trim()
-        .split('\n')
-        .map((line) => {
-          if (direction === 'down') return (Number(line) * 8) / 1e6 / seconds;
-          const [body, time] = [
-            line.slice(0, line.lastIndexOf(' ')),
-            Number(line.slice(line.lastIndexOf(' ') + 1)),
-          ];
-          assert.equal(
-            (JSON.parse(body) as { bytes: number }).bytes,
-            bytes,
-            'the server read the whole upload',
+      capture.kill('SIGINT');
+      await new Promise((r) => setTimeout(r, 300));
+      assert.equal(out.split(' ')[0], streamSha256(n));
+      const lines = captured.split('\n').filter((l) => / IP6? /.test(l));
+      assert.ok(lines.length > 100, `the capture saw the transfer (${lines.length} packets)`);
+      for (const l of lines) {
+        const m = / IP6? (\S+?)(?:\.\d+)? > (\S+?)(?:\.\d+)?: /.exec(l);
+        if (!m) continue;
+        for (const addr of [m[1], m[2]]) {
+          assert.ok(
+            // Gossip between the two exits crosses the ingress's underlay too.
+            [IP.ingressUl, IP.exitUl, IP.exit2Ul, IP.ingressUl2, 'fd91::1', 'fd91::2'].includes(addr!),
+            `only the agents' underlay addresses on the underlay, saw ${addr} in: ${l}`,
           );
-          return (bytes * 8) / 1e6 / time;
-        });
-    };
-    const within = (got: number, want: number, tolerance: number, what: string) => {
-      measured.push(`${what}: ${got.toFixed(2)}`);
+        }
+      }
+      assert.ok(!captured.includes(MARKER), 'no payload marker in clear on the underlay');
+      const afterStatus = await dataplaneOf(ingress, nat);
+      const grew = (k: string) => (afterStatus[k] as number) - (before[k] as number);
       assert.ok(
-        Math.abs(got - want) <= want * tolerance,
-        `${what}: ${got.toFixed(2)} Mbit/s, want ${want} ±${tolerance * 100} %`,
+        grew('stream_bytes_down') >= n,
+        `the payload crossed as a stream: ${JSON.stringify(afterStatus)}`,
       );
-    };
+      assert.ok(grew('streams_opened') >= 1);
+      // TCP no longer travels as packets: the TUN saw (almost) nothing of the transfer.
+      assert.ok(
+        grew('packets_received') < 100 && grew('packets_sent') < 100,
+        `TUN packet counters stayed flat: ${JSON.stringify({ before, afterStatus })}`,
+      );
+    });
 
-    await limit(10);
-    within((await rate('down', 10, 4))[0]!, 10, 0.15, '10 Mbit/s down');
-    within((await rate('up', 10, 4))[0]!, 10, 0.15, '10 Mbit/s up');
-    const four = await rate('down', 10, 5, 4);
-    for (const [i, r] of four.entries()) within(r, 10 / 4, 0.3, `flow ${i} of 4 at 10 Mbit/s`);
-    await limit(100);
-    within((await rate('down', 100, 4))[0]!, 100, 0.15, '100 Mbit/s down');
-    within((await rate('up', 100, 4))[0]!, 100, 0.15, '100 Mbit/s up');
-    await limit(0);
-    const [free] = await rate('down', 1000, 2);
-    assert.ok(free! > 150, `unlimited again: ${free!.toFixed(0)} Mbit/s`);
-    t.diagnostic(`Mbit/s measured: ${measured.join('; ')}; unlimited ${free!.toFixed(0)}`);
-  });
+    it('carries TCP that the ingress host itself originates', async () => {
+      const before = await dataplaneOf(ingress, nat);
+      const out = await topo.run(topo.ns.ingress, 'curl', [
+        '-sS',
+        '--max-time',
+        '5',
+        `http://${IP.dest}:${HTTP}/`,
+      ]);
+      assert.equal((JSON.parse(out) as { remote: string }).remote, IP.exitOut);
+      const after = await dataplaneOf(ingress, nat);
+      assert.ok((after.streams_opened as number) > (before.streams_opened as number), JSON.stringify(after));
+    });
 
-  it('honours priority and tie-breaks between two services; unmatched traffic stays out', async () => {
-    // A second service to exit2 with a route that wins for one destination host only.
-    const second = await service(ingress, { target_peer_id: exit2.peerId }, [
-      { priority: 100, dest_cidr: '10.91.2.2/32' },
-    ]);
-    try {
-      await waitUp(second, ingress, exit2);
-      // Same priority, longer destination prefix: exit2 (its NAT address on the dest side).
-      assert.equal(await remoteSeen(IP.dest), IP.exit2Out);
-      // A source CIDR that does not match the client: the route is not taken.
+    it("shows the service's streams, packets and tunnel in /metrics", async () => {
+      const res = await ingress.agent.client.get('/metrics', { token: ingress.token });
+      assert.equal(res.status, 200);
+      const value = (name: string, labels: string) => {
+        const line = res.text.split('\n').find((l) => l.startsWith(`${name}{${labels}}`));
+        assert.ok(line, `${name}{${labels}} in /metrics`);
+        return Number(line.slice(line.lastIndexOf(' ') + 1));
+      };
+      assert.ok(
+        value('mesh_dataplane_stream_bytes_total', `service_id="${nat}",direction="down"`) >= 100 * 1024 ** 2,
+      );
+      assert.ok(value('mesh_dataplane_connections_total', `service_id="${nat}",event="opened"`) >= 2);
+      // Present (the value may still count a connection that is closing).
+      value('mesh_dataplane_connections_open', `service_id="${nat}"`);
+      assert.ok(value('mesh_dataplane_packets_total', `service_id="${nat}",direction="sent"`) > 0); // ping, UDP
+      assert.equal(value('mesh_tunnel_up', `peer_id="${exit.peerId}",transport="${transport}"`), 1);
+    });
+
+    it('serves 50 concurrent connections', async () => {
+      const out = await topo.run(
+        topo.ns.client,
+        process.execPath,
+        [APPS, 'burst', `http://${IP.dest}:${HTTP}/`, '50'],
+        30_000,
+      );
+      assert.deepEqual(JSON.parse(out), Array(50).fill(200));
+    });
+
+    /** The raw TCP client of netns-apps, from the client namespace. */
+    const tcpClient = async (host: string, port: number, mode: 'halfclose' | 'reset' | 'connect') =>
+      JSON.parse(
+        await topo.run(topo.ns.client, process.execPath, [APPS, 'tcp', host, String(port), mode], 20_000),
+      ) as { connected: boolean; data: string; error: string | null };
+
+    it('carries half-close and resets like a direct connection; a refusing destination gives the client an error at once', async () => {
+      // The server reads to the client's FIN, then answers: the other direction stayed open.
+      assert.deepEqual(await tcpClient(IP.dest, HTTP + 1, 'halfclose'), {
+        connected: true,
+        data: 'got 5\n',
+        error: null,
+      });
+      assert.deepEqual(await tcpClient(IP.dest6, HTTP + 1, 'halfclose'), {
+        connected: true,
+        data: 'got 5\n',
+        error: null,
+      });
+      // The server resets: so does the client's connection.
+      assert.equal((await tcpClient(IP.dest, HTTP + 2, 'reset')).error, 'ECONNRESET');
+      // Nothing listens: without the mesh the client's connect fails with ECONNREFUSED. Through
+      // the stream path the ingress has already accepted the connection when the exit learns the
+      // destination refused, so the client sees a reset instead (docs/dataplane.md); at once, never
+      // a hang.
+      const started = Date.now();
+      const refused = await tcpClient(IP.dest, HTTP + 3, 'connect');
+      assert.ok(refused.error === 'ECONNRESET' || refused.error === 'ECONNREFUSED', JSON.stringify(refused));
+      assert.ok(Date.now() - started < 2000, 'the error came at once');
+      const s = await dataplaneOf(ingress, nat);
+      assert.ok((s.streams_refused as number) >= 1, JSON.stringify(s));
+    });
+
+    it('holds bandwidth_limit_mbps in each direction, fair between flows; 0 is unlimited', async (t) => {
+      const measured: string[] = [];
+      const limit = async (mbps: number) => {
+        const res = await ingress.agent.client.put(`/v1/services/${nat}`, {
+          token: ingress.token,
+          json: { bandwidth_limit_mbps: mbps },
+        });
+        assert.equal(res.status, 200, res.text);
+        await ingress.agent.client.post('/v1/cluster/sync', { token: ingress.token });
+        await exit.agent.client.post('/v1/cluster/sync', { token: exit.token });
+      };
+      /** Mbit/s of payload: downloads from /bytes, uploads to /sink, for `seconds`. */
+      /**
+       * Mbit/s of payload, as the receiving end saw it. Down: bytes curl received from /bytes in
+       * `seconds` (more is asked than fits). Up: a fixed amount to /sink, over the time until the
+       * server's answer (it answers once it has read everything; curl's own upload count would
+       * include what merely sits in socket buffers).
+       */
+      const rate = async (direction: 'down' | 'up', mbps: number, seconds: number, flows = 1) => {
+        const bytes = Math.round((mbps * 1e6 * seconds) / 8);
+        const cmd =
+          direction === 'down'
+            ? `curl -sS -o /dev/null --max-time ${seconds} -w '%{size_download}' http://${IP.dest}:${HTTP}/bytes?n=${bytes * 2}`
+            : `head -c ${bytes} /dev/zero | curl -sS --max-time ${seconds * 3} -w ' %{time_total}' -T - http://${IP.dest}:${HTTP}/sink`;
+        // curl exits 28 when --max-time cuts a download, as meant; the size it printed counts.
+        const file = (i: number | string) => `/tmp/mesh-rate-${process.pid}-${i}`;
+        const script = Array.from({ length: flows }, (_, i) => `(${cmd} > ${file(i)}; true) &`).join(' ');
+        const out = await topo.run(
+          topo.ns.client,
+          'sh',
+          ['-c', `${script} wait; for i in $(seq 0 ${flows - 1}); do cat ${file('$i')}; echo; done`],
+          (seconds * 3 + 10) * 1000,
+        );
+        return out
+          .trim()
+          .split('\n')
+          .map((line) => {
+            if (direction === 'down') return (Number(line) * 8) / 1e6 / seconds;
+            const [body, time] = [
+              line.slice(0, line.lastIndexOf(' ')),
+              Number(line.slice(line.lastIndexOf(' ') + 1)),
+            ];
+            assert.equal(
+              (JSON.parse(body) as { bytes: number }).bytes,
+              bytes,
+              'the server read the whole upload',
+            );
+            return (bytes * 8) / 1e6 / time;
+          });
+      };
+      const within = (got: number, want: number, tolerance: number, what: string) => {
+        measured.push(`${what}: ${got.toFixed(2)}`);
+        assert.ok(
+          Math.abs(got - want) <= want * tolerance,
+          `${what}: ${got.toFixed(2)} Mbit/s, want ${want} ±${tolerance * 100} %`,
+        );
+      };
+
+      await limit(10);
+      within((await rate('down', 10, 4))[0]!, 10, 0.15, '10 Mbit/s down');
+      within((await rate('up', 10, 4))[0]!, 10, 0.15, '10 Mbit/s up');
+      const four = await rate('down', 10, 5, 4);
+      for (const [i, r] of four.entries()) within(r, 10 / 4, 0.3, `flow ${i} of 4 at 10 Mbit/s`);
+      await limit(100);
+      within((await rate('down', 100, 4))[0]!, 100, 0.15, '100 Mbit/s down');
+      within((await rate('up', 100, 4))[0]!, 100, 0.15, '100 Mbit/s up');
+      await limit(0);
+      const [free] = await rate('down', 1000, 2);
+      assert.ok(free! > 150, `unlimited again: ${free!.toFixed(0)} Mbit/s`);
+      t.diagnostic(`Mbit/s measured: ${measured.join('; ')}; unlimited ${free!.toFixed(0)}`);
+    });
+
+    it('honours priority and tie-breaks between two services; unmatched traffic stays out', async () => {
+      // A second service to exit2 with a route that wins for one destination host only.
+      const second = await service(ingress, { target_peer_id: exit2.peerId }, [
+        { priority: 100, dest_cidr: '10.91.2.2/32' },
+      ]);
+      try {
+        await waitUp(second, ingress, exit2);
+        // Same priority, longer destination prefix: exit2 (its NAT address on the dest side).
+        assert.equal(await remoteSeen(IP.dest), IP.exit2Out);
+        // A source CIDR that does not match the client: the route is not taken.
+        const r = await ingress.agent.client.post(`/v1/services/${nat}/routes`, {
+          token: ingress.token,
+          json: { routes: [{ priority: 1, source_cidr: '10.91.1.99/32', dest_cidr: '10.91.2.0/24' }] },
+        });
+        assert.equal(r.status, 201, r.text);
+        await ingress.agent.client.post('/v1/cluster/sync', { token: ingress.token });
+        assert.equal(await remoteSeen(IP.dest), IP.exit2Out);
+        // Lower priority number wins over the longer prefix: the client's own /32 source via exit.
+        const r2 = await ingress.agent.client.post(`/v1/services/${nat}/routes`, {
+          token: ingress.token,
+          json: { routes: [{ priority: 1, source_cidr: `${IP.client}/32`, dest_cidr: '10.91.2.0/24' }] },
+        });
+        assert.equal(r2.status, 201, r2.text);
+        await ingress.agent.client.post('/v1/cluster/sync', { token: ingress.token });
+        assert.equal(await remoteSeen(IP.dest), IP.exitOut);
+        // Unmatched traffic does not enter any tunnel.
+        const sent = (await dataplaneOf(ingress, nat)).packets_sent as number;
+        await assert.rejects(curl('http://10.91.5.5:8080/', ['--max-time', '1']));
+        assert.equal((await dataplaneOf(ingress, nat)).packets_sent, sent);
+      } finally {
+        await remove(ingress, second);
+      }
+    });
+
+    it('with requires_interface the destination sees the MACVLAN address, IPv4 and IPv6', async () => {
+      const mv = await service(
+        ingress,
+        {
+          target_peer_id: exit2.peerId,
+          requires_interface: true,
+          desired_ipv4_cidr: '10.91.4.50/24',
+          desired_ipv6_cidr: 'fd91:4::50/64',
+        },
+        [
+          { priority: 0, dest_cidr: '10.91.4.0/24' },
+          { priority: 0, dest_cidr: 'fd91:4::/64' },
+        ],
+      );
+      try {
+        await waitUp(mv, ingress, exit2);
+        assert.equal((await dataplaneOf(exit2, mv)).exit_mode, 'macvlan');
+        assert.equal(await remoteSeen(IP.dest2), '10.91.4.50');
+        assert.equal(await remoteSeen(IP.dest26), 'fd91:4::50');
+      } finally {
+        await remove(ingress, mv);
+      }
+    });
+
+    it('a catch-all route keeps gossip, the tunnel and the API working', async () => {
       const r = await ingress.agent.client.post(`/v1/services/${nat}/routes`, {
         token: ingress.token,
-        json: { routes: [{ priority: 1, source_cidr: '10.91.1.99/32', dest_cidr: '10.91.2.0/24' }] },
+        json: {
+          routes: [
+            { priority: 65535, dest_cidr: '0.0.0.0/0' },
+            { priority: 65535, dest_cidr: '::/0' },
+          ],
+        },
       });
       assert.equal(r.status, 201, r.text);
       await ingress.agent.client.post('/v1/cluster/sync', { token: ingress.token });
-      assert.equal(await remoteSeen(IP.dest), IP.exit2Out);
-      // Lower priority number wins over the longer prefix: the client's own /32 source via exit.
-      const r2 = await ingress.agent.client.post(`/v1/services/${nat}/routes`, {
-        token: ingress.token,
-        json: { routes: [{ priority: 1, source_cidr: `${IP.client}/32`, dest_cidr: '10.91.2.0/24' }] },
-      });
-      assert.equal(r2.status, 201, r2.text);
-      await ingress.agent.client.post('/v1/cluster/sync', { token: ingress.token });
+      await new Promise((res) => setTimeout(res, 3000));
+      const peers = await ingress.agent.client.get('/v1/peers', { token: ingress.token });
+      assert.equal(peers.status, 200);
+      for (const p of peers.body as { id: string; reachable: boolean }[])
+        assert.equal(p.reachable, true, p.id);
+      assert.equal((await dataplaneOf(ingress, nat)).state, 'up');
       assert.equal(await remoteSeen(IP.dest), IP.exitOut);
-      // Unmatched traffic does not enter any tunnel.
-      const sent = (await dataplaneOf(ingress, nat)).packets_sent as number;
-      await assert.rejects(curl('http://10.91.5.5:8080/', ['--max-time', '1']));
-      assert.equal((await dataplaneOf(ingress, nat)).packets_sent, sent);
-    } finally {
-      await remove(ingress, second);
-    }
-  });
-
-  it('with requires_interface the destination sees the MACVLAN address, IPv4 and IPv6', async () => {
-    const mv = await service(
-      ingress,
-      {
-        target_peer_id: exit2.peerId,
-        requires_interface: true,
-        desired_ipv4_cidr: '10.91.4.50/24',
-        desired_ipv6_cidr: 'fd91:4::50/64',
-      },
-      [
-        { priority: 0, dest_cidr: '10.91.4.0/24' },
-        { priority: 0, dest_cidr: 'fd91:4::/64' },
-      ],
-    );
-    try {
-      await waitUp(mv, ingress, exit2);
-      assert.equal((await dataplaneOf(exit2, mv)).exit_mode, 'macvlan');
-      assert.equal(await remoteSeen(IP.dest2), '10.91.4.50');
-      assert.equal(await remoteSeen(IP.dest26), 'fd91:4::50');
-    } finally {
-      await remove(ingress, mv);
-    }
-  });
-
-  it('a catch-all route keeps gossip, the tunnel and the API working', async () => {
-    const r = await ingress.agent.client.post(`/v1/services/${nat}/routes`, {
-      token: ingress.token,
-      json: {
-        routes: [
-          { priority: 65535, dest_cidr: '0.0.0.0/0' },
-          { priority: 65535, dest_cidr: '::/0' },
-        ],
-      },
     });
-    assert.equal(r.status, 201, r.text);
-    await ingress.agent.client.post('/v1/cluster/sync', { token: ingress.token });
-    await new Promise((res) => setTimeout(res, 3000));
-    const peers = await ingress.agent.client.get('/v1/peers', { token: ingress.token });
-    assert.equal(peers.status, 200);
-    for (const p of peers.body as { id: string; reachable: boolean }[]) assert.equal(p.reachable, true, p.id);
-    assert.equal((await dataplaneOf(ingress, nat)).state, 'up');
-    assert.equal(await remoteSeen(IP.dest), IP.exitOut);
-  });
 
-  it('deleting the service stops its traffic and leaves kernel state as it was', async () => {
-    await remove(ingress, nat);
-    await ingress.agent.client.post('/v1/cluster/sync', { token: ingress.token });
-    try {
+    it('deleting the service stops its traffic and leaves kernel state as it was', async () => {
+      await remove(ingress, nat);
+      await ingress.agent.client.post('/v1/cluster/sync', { token: ingress.token });
+      try {
+        await until(
+          'kernel state back to the baseline',
+          async () => {
+            for (const ns of [topo.ns.ingress, topo.ns.exit, topo.ns.exit2!]) {
+              assert.equal(await kernelDump(ns), baseline[ns], `kernel state of ${ns}`);
+            }
+          },
+          15_000,
+        );
+      } catch (err) {
+        const tail = (n: Node) =>
+          n.agent.logs
+            .split('\n')
+            .filter((l) => l.includes('dataplane') || l.includes('error'))
+            .slice(-12)
+            .join('\n');
+        throw new Error(
+          `${(err as Error).message.slice(0, 300)}\nexit:\n${tail(exit)}\ningress:\n${tail(ingress)}`,
+        );
+      }
+      await assert.rejects(curl(`http://${IP.dest}:${HTTP}/`, ['--max-time', '2']));
+    });
+
+    it('SIGTERM leaves nothing; a restart restores traffic; kill -9 then start cleans up and restores it', async () => {
+      const id = await service(ingress, { target_peer_id: exit.peerId }, [
+        { priority: 10, dest_cidr: '10.91.2.0/24' },
+      ]);
+      await waitUp(id, ingress, exit);
+      assert.equal(await remoteSeen(IP.dest), IP.exitOut);
+      assert.equal(await ingress.agent.stop(), 0);
+      assert.equal(await kernelDump(topo.ns.ingress), baseline[topo.ns.ingress]);
+      await ingress.agent.restart();
+      await waitUp(id, ingress, exit);
+      assert.equal(await remoteSeen(IP.dest), IP.exitOut);
+      await ingress.agent.kill9();
+      assert.notEqual(
+        await kernelDump(topo.ns.ingress),
+        baseline[topo.ns.ingress],
+        'a killed agent leaves rules behind',
+      );
+      await ingress.agent.restart();
+      await waitUp(id, ingress, exit);
+      assert.equal(await remoteSeen(IP.dest), IP.exitOut);
+      await remove(ingress, id);
+    });
+    // The clients only receive or wait, so they send nothing the ingress could refuse: the ingress
+    // has to make them answer (src/dataplane/tcp-flows.ts). curl's own limit (60 s) is far above
+    // the bound. The waiting ones (`/stall`) send nothing at all once their request is answered.
+    it('the clients see an error (never a hang) when the exit dies mid-transfer; traffic resumes after it returns', async () => {
+      const id = await service(ingress, { target_peer_id: exit.peerId }, [
+        { priority: 10, dest_cidr: '10.91.2.0/24' },
+        { priority: 10, dest_cidr: 'fd91:2::/64' },
+      ]);
+      await waitUp(id, ingress, exit);
+      const failedAt: Record<string, number> = {};
+      const client = (name: string, url: string, extra: string[]) =>
+        topo
+          .run(topo.ns.client, 'curl', ['-sS', '-o', '/dev/null', '--max-time', '60', ...extra, url], 70_000)
+          .then(
+            () => 'completed',
+            (err: Error) => {
+              failedAt[name] = Date.now();
+              return err.message;
+            },
+          );
+      const transfers = {
+        download: client('download', `http://${IP.dest}:${HTTP}/bytes?n=${4 * 1024 ** 3}`, []),
+        waiting: client('waiting', `http://${IP.dest}:${HTTP}/stall`, []),
+        waiting6: client('waiting6', `http://[${IP.dest6}]:${HTTP}/stall`, []),
+      };
+      await new Promise((r) => setTimeout(r, 1500));
+      const killedAt = Date.now();
+      await exit.agent.kill9();
+      const outcomes = Object.fromEntries(
+        await Promise.all(Object.entries(transfers).map(async ([k, v]) => [k, await v] as const)),
+      );
+      // Back before anything is asserted, so that the later cases have their exit whatever happens here.
+      await exit.agent.restart();
+      const back = Date.now();
+      const diagnostics = async () =>
+        `${JSON.stringify(outcomes)}\n${await topo.run(topo.ns.ingress, 'nft', ['list', 'table', 'inet', 'mesh_agent']).catch((e: Error) => e.message)}\n` +
+        ingress.agent.logs.split('\n').slice(-15).join('\n');
+      for (const [name, outcome] of Object.entries(outcomes)) {
+        assert.notEqual(outcome, 'completed', name);
+        assert.ok(
+          failedAt[name]! - killedAt < 15_000,
+          `${name} failed within 15 s of the kill: ${await diagnostics()}`,
+        );
+        // A reset, not curl giving up on its own (--max-time would say "Operation timed out").
+        assert.match(outcome, /reset/i, `${name}: ${await diagnostics()}`);
+      }
       await until(
-        'kernel state back to the baseline',
-        async () => {
-          for (const ns of [topo.ns.ingress, topo.ns.exit, topo.ns.exit2!]) {
-            assert.equal(await kernelDump(ns), baseline[ns], `kernel state of ${ns}`);
-          }
-        },
+        'traffic through the returned exit',
+        async () => assert.equal(await remoteSeen(IP.dest), IP.exitOut),
         15_000,
       );
-    } catch (err) {
-      const tail = (n: Node) =>
-        n.agent.logs
-          .split('\n')
-          .filter((l) => l.includes('dataplane') || l.includes('error'))
-          .slice(-12)
-          .join('\n');
-      throw new Error(
-        `${(err as Error).message.slice(0, 300)}\nexit:\n${tail(exit)}\ningress:\n${tail(ingress)}`,
-      );
-    }
-    await assert.rejects(curl(`http://${IP.dest}:${HTTP}/`, ['--max-time', '2']));
+      assert.ok(Date.now() - back < 10_000, 'traffic resumed within 10 s of the exit returning');
+    });
   });
-
-  it('SIGTERM leaves nothing; a restart restores traffic; kill -9 then start cleans up and restores it', async () => {
-    const id = await service(ingress, { target_peer_id: exit.peerId }, [
-      { priority: 10, dest_cidr: '10.91.2.0/24' },
-    ]);
-    await waitUp(id, ingress, exit);
-    assert.equal(await remoteSeen(IP.dest), IP.exitOut);
-    assert.equal(await ingress.agent.stop(), 0);
-    assert.equal(await kernelDump(topo.ns.ingress), baseline[topo.ns.ingress]);
-    await ingress.agent.restart();
-    await waitUp(id, ingress, exit);
-    assert.equal(await remoteSeen(IP.dest), IP.exitOut);
-    await ingress.agent.kill9();
-    assert.notEqual(
-      await kernelDump(topo.ns.ingress),
-      baseline[topo.ns.ingress],
-      'a killed agent leaves rules behind',
-    );
-    await ingress.agent.restart();
-    await waitUp(id, ingress, exit);
-    assert.equal(await remoteSeen(IP.dest), IP.exitOut);
-    await remove(ingress, id);
-  });
-  // The clients only receive or wait, so they send nothing the ingress could refuse: the ingress
-  // has to make them answer (src/dataplane/tcp-flows.ts). curl's own limit (60 s) is far above
-  // the bound. The waiting ones (`/stall`) send nothing at all once their request is answered.
-  it('the clients see an error (never a hang) when the exit dies mid-transfer; traffic resumes after it returns', async () => {
-    const id = await service(ingress, { target_peer_id: exit.peerId }, [
-      { priority: 10, dest_cidr: '10.91.2.0/24' },
-      { priority: 10, dest_cidr: 'fd91:2::/64' },
-    ]);
-    await waitUp(id, ingress, exit);
-    const failedAt: Record<string, number> = {};
-    const client = (name: string, url: string, extra: string[]) =>
-      topo
-        .run(topo.ns.client, 'curl', ['-sS', '-o', '/dev/null', '--max-time', '60', ...extra, url], 70_000)
-        .then(
-          () => 'completed',
-          (err: Error) => {
-            failedAt[name] = Date.now();
-            return err.message;
-          },
-        );
-    const transfers = {
-      download: client('download', `http://${IP.dest}:${HTTP}/bytes?n=${4 * 1024 ** 3}`, []),
-      waiting: client('waiting', `http://${IP.dest}:${HTTP}/stall`, []),
-      waiting6: client('waiting6', `http://[${IP.dest6}]:${HTTP}/stall`, []),
-    };
-    await new Promise((r) => setTimeout(r, 1500));
-    const killedAt = Date.now();
-    await exit.agent.kill9();
-    const outcomes = Object.fromEntries(
-      await Promise.all(Object.entries(transfers).map(async ([k, v]) => [k, await v] as const)),
-    );
-    // Back before anything is asserted, so that the later cases have their exit whatever happens here.
-    await exit.agent.restart();
-    const back = Date.now();
-    const diagnostics = async () =>
-      `${JSON.stringify(outcomes)}\n${await topo.run(topo.ns.ingress, 'nft', ['list', 'table', 'inet', 'mesh_agent']).catch((e: Error) => e.message)}\n` +
-      ingress.agent.logs.split('\n').slice(-15).join('\n');
-    for (const [name, outcome] of Object.entries(outcomes)) {
-      assert.notEqual(outcome, 'completed', name);
-      assert.ok(
-        failedAt[name]! - killedAt < 15_000,
-        `${name} failed within 15 s of the kill: ${await diagnostics()}`,
-      );
-      // A reset, not curl giving up on its own (--max-time would say "Operation timed out").
-      assert.match(outcome, /reset/i, `${name}: ${await diagnostics()}`);
-    }
-    await until(
-      'traffic through the returned exit',
-      async () => assert.equal(await remoteSeen(IP.dest), IP.exitOut),
-      15_000,
-    );
-    assert.ok(Date.now() - back < 10_000, 'traffic resumed within 10 s of the exit returning');
-  });
-});
+}
