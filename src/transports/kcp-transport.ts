@@ -141,7 +141,7 @@ export interface KcpDatagramStats {
   datagramsOut: number;
   bytesIn: number;
   bytesOut: number;
-  /** socket.send failures. */
+  /** socket.send failures (and other socket errors). */
   sendErrors: number;
   /** Dropped before reaching a link, by reason. */
   dropped: {
@@ -281,9 +281,10 @@ export class KcpTransport extends TunnelKeeper {
       ...(options.rekeyAfterMs !== undefined ? { rekeyAfterMs: options.rekeyAfterMs } : {}),
     });
     socket.on('message', (data, rinfo) => this.onDatagram(data, rinfo));
-    socket.on('error', (error) =>
-      this.logger?.warn({ transport: 'kcp', error: error.message }, 'udp socket error'),
-    );
+    socket.on('error', (error) => {
+      this.counts.sendErrors++;
+      this.logger?.warn({ transport: 'kcp', error: error.message }, 'udp socket error');
+    });
   }
 
   /** Binds the UDP socket and returns the transport (rejects if the address cannot be bound). */
@@ -412,24 +413,31 @@ export class KcpTransport extends TunnelKeeper {
 
   // ------------------------------------------------------------------------------ socket side
 
-  /** Seals nothing: sends a ready datagram (INIT, RESPONSE or DATA) to `to`. */
-  private send(datagram: Buffer, to: Remote): void {
-    this.pendingSends++;
+  /**
+   * Sends a ready datagram (INIT, RESPONSE or DATA) to `to`. Only datagrams that shutdown must
+   * wait for (CLOSE) take a completion callback: without one Node lets libuv send at once
+   * (uv_udp_try_send) with no completion to run per datagram; errors then come as the socket's
+   * 'error' event, counted there.
+   */
+  private send(datagram: Buffer, to: Remote, track = false): void {
     this.counts.datagramsOut++;
     this.counts.bytesOut += datagram.length;
+    if (track) this.pendingSends++;
     try {
-      this.socket.send(datagram, to.port, to.address, this.onSent);
+      if (track) this.socket.send(datagram, to.port, to.address, this.onSent);
+      else this.socket.send(datagram, to.port, to.address);
     } catch {
       // The socket is closed (transport shutting down).
-      this.onSent(new Error('socket closed'));
+      if (track) this.onSent(new Error('socket closed'));
+      else this.counts.sendErrors++;
     }
   }
 
   /** Seals the plaintext for the peer and sends it; false if the peer has no usable session. */
-  sealAndSend(peerId: string, plaintext: Buffer, to: Remote): boolean {
+  sealAndSend(peerId: string, plaintext: Buffer, to: Remote, track = false): boolean {
     const datagram = this.endpoint.seal(peerId, plaintext);
     if (!datagram) return false;
-    this.send(datagram, to);
+    this.send(datagram, to, track);
     return true;
   }
 
@@ -936,7 +944,7 @@ class KcpLink implements Link {
     const close = Buffer.allocUnsafe(CLOSE_BYTES);
     close.writeUInt32LE(this.conv, 0);
     close[4] = CLOSE_MARK;
-    for (let i = 0; i < CLOSE_COPIES; i++) this.transport.sealAndSend(this.peerId, close, this.remote);
+    for (let i = 0; i < CLOSE_COPIES; i++) this.transport.sealAndSend(this.peerId, close, this.remote, true);
   }
 
   private finish(reason: 'dead' | undefined, detail: string): void {
