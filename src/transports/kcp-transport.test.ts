@@ -286,6 +286,27 @@ describe('kcp transport', { timeout: 180_000 }, () => {
     await p.close();
   });
 
+  it('rekeys under a live link: new sessions every rekeyAfterMs, the same KCP connection carries on', async () => {
+    const p = await makePair({ rekeyAfterMs: 300, keepaliveIntervalMs: 100 });
+    const start = performance.now();
+    let rounds = 0;
+    while (performance.now() - start < 1500) {
+      await transfer(p, 256 * 1024, 10_000);
+      rounds++;
+    }
+    const a = p.a.datagramStats().secure.handshakes;
+    const b = p.b.datagramStats().secure.handshakes;
+    console.log(
+      `# rekeys: ${a.completed} handshakes completed by the dialer, ${b.confirmed} confirmed by the responder, ${rounds} transfers`,
+    );
+    assert.ok(a.completed >= 3, `handshakes completed: ${a.completed}`);
+    assert.ok(b.confirmed >= 2, `responder sessions confirmed: ${b.confirmed}`);
+    assert.equal(p.a.tunnel(p.pb.id)!.stats().connects, 1);
+    assert.equal(p.b.tunnel(p.pa.id)!.stats().connects, 1);
+    assert.equal(p.b.datagramStats().dropped.auth, 0);
+    await p.close();
+  });
+
   it('a 5 s outage: messages sent during it arrive after, the link is not declared dead (deadAfterMs 15 s)', async () => {
     const p = await makePair({ keepaliveIntervalMs: 1000, deadAfterMs: 15_000 });
     const tunnel = p.a.tunnel(p.pb.id)!;
