@@ -39,6 +39,7 @@ import { connectNetSocket, openTransparentListener } from './native/sockets.js';
 import { openTun } from './native/tun.js';
 import { loadOrCreateSecretFile, removeStaleTempFiles } from './store/key-files.js';
 import { Store } from './store/store.js';
+import { registerKcpMetrics } from './transports/kcp-metrics.js';
 import { KcpTransport } from './transports/kcp-transport.js';
 import { TcpTransport } from './transports/tcp.js';
 import type { PeerDirectory } from './transports/tunnel.js';
@@ -161,6 +162,15 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     const engine = gossip;
     const data = await buildDataPlane(config, store, identity, createPrivateKey(identityPem), scheme, logger);
     if (data?.dataplane) registerDataPlaneMetrics(metrics.registry, data.dataplane);
+    if (data?.dataplane && data.kcp) {
+      const dataplane = data.dataplane;
+      registerKcpMetrics(metrics.registry, data.kcp, () =>
+        dataplane
+          .tunnelStates()
+          .filter((t) => t.transport === 'kcp')
+          .map((t) => t.peerId),
+      );
+    }
     const tokens = await AccessTokens.create(tokenKey, config.publicUrl, audienceFor(identity.peerId), clock);
     const health = (): HealthReport => {
       const liveReasons: string[] = [];
@@ -272,6 +282,8 @@ export const audienceFor = (peerId: string): string => `urn:mesh-agent:peer:${pe
 interface DataPlaneParts {
   dataplane: DataPlane | null;
   transport: TcpTransport | null;
+  /** Absent when its UDP socket could not be bound (kcp services then show why). */
+  kcp?: KcpTransport;
   missing: string[];
   start(): Promise<void>;
   stop(): Promise<void>;
@@ -385,6 +397,7 @@ async function buildDataPlane(
   return {
     dataplane,
     transport,
+    ...(kcp ? { kcp } : {}),
     missing: [],
     async start() {
       started = true;

@@ -13,6 +13,8 @@
  *   error} (halfclose: sends `hello` and shuts its side; reset: sends a byte and waits; connect:
  *   connects and waits up to 3 s for anything).
  * - `udp HOST PORT TEXT`: sends TEXT, prints the echo, exits 1 after 3 s without one.
+ * - `udp-send HOST PORT HEX...`: sends each hex string as one datagram from one ephemeral socket
+ *   (forged and replayed datagrams), then exits.
  * - `burst URL N`: N concurrent GETs, each a new connection; prints a JSON array of statuses
  *   (or error codes).
  */
@@ -179,12 +181,25 @@ function tcpClient(host: string, port: number, mode: string): void {
   });
 }
 
+function udpSend(host: string, port: number, hex: string[]): void {
+  const sock = dgram.createSocket(host.includes(':') ? 'udp6' : 'udp4');
+  let left = hex.length;
+  if (left === 0) sock.close();
+  for (const h of hex) {
+    sock.send(Buffer.from(h, 'hex'), port, host, (err) => {
+      if (err) process.stderr.write(`${err.message}\n`);
+      if (--left === 0) sock.close();
+    });
+  }
+}
+
 if (process.argv[1]?.endsWith('netns-apps.js')) {
   const [cmd, ...args] = process.argv.slice(2);
   if (cmd === 'serve') serve(Number(args[0]), Number(args[1]));
   else if (cmd === 'udp') udpEcho(args[0]!, Number(args[1]), args[2]!);
   else if (cmd === 'burst') burst(args[0]!, Number(args[1]));
   else if (cmd === 'tcp') tcpClient(args[0]!, Number(args[1]), args[2]!);
+  else if (cmd === 'udp-send') udpSend(args[0]!, Number(args[1]), args.slice(2));
   else {
     process.stderr.write(`unknown command ${cmd}\n`);
     process.exit(2);
