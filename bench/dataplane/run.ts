@@ -53,6 +53,18 @@
  * PATHS: PATHS="mesh-mv mesh-tp" measures issue 7's ratio.
  * BENCH_TUN_TXQLEN=N (experiment, not what the agent does): sets both TUNs' txqueuelen to N once
  * the service is up (the kernel's default for a TUN is 500 packets).
+ * Issue 8 (the kcp transport): path `mesh-kcp` = the `mesh` service with transport_type kcp (checked
+ * at the ingress: mesh_tunnel_up{transport="kcp"} 1); anchors beside it `kcp-aes-w` (paths.sh's
+ * kcptun, tunnel CPU = its four kcp-* processes) and `mesh`. Figure `lat`: latency-client.js in the
+ * client namespace, up to LAT_N (2000) sequential GETs on ONE keep-alive connection within DURATION
+ * s, p50/p99/max (value = p50 ms). FIGURES ("tcp1 tcp4 udp cps lat") picks the figures.
+ * LOSS=PCT (0): `paths.sh loss-on PCT` after each path is up, `loss-off` before it goes down; the
+ * rule's counters are read around every figure (Sample.underlayLoss: the real drop rate).
+ * DELAY=MS (0): test/helpers/udp-impair.js --delay-ms MS (each direction, so RTT + 2 MS) on the
+ * UDP underlay of kcptun (its clients restarted pointing at one proxy per port in ingress) and of
+ * mesh-kcp (the ingress agent's UDP DNATed to a proxy in ingress: see meshDelayUp). The `mesh`
+ * (tcp transport) path is NOT delayed: the proxy is UDP only and there is no netem here. Each mesh
+ * path's RTT is checked by ping through it (pathChecks in the JSON) and mesh-kcp's by its KCP RTT.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
@@ -78,6 +90,14 @@ const S = {
   mgmtIndex: int(env['MGMT_INDEX'], 200),
   perf: env['BENCH_PERF'] === '1',
   tunTxqlen: int(env['BENCH_TUN_TXQLEN'], 0),
+  /** Percent of the underlay's ingress -> exit packets dropped (paths.sh loss-on) around every path. */
+  loss: int(env['LOSS'], 0),
+  /** One-way delay (ms, each direction) the UDP impairment proxy adds to kcptun's and mesh-kcp's underlay. */
+  delayMs: int(env['DELAY'], 0),
+  /** The latency figure: at most LAT_N sequential requests, at most DURATION seconds. */
+  latN: int(env['LAT_N'], 2000),
+  /** Which figures to take (a subset of tcp1 tcp4 udp cps lat). */
+  figures: (env['FIGURES'] || 'tcp1 tcp4 udp cps lat').split(/\s+/).filter(Boolean),
 };
 const ANCHORS = join(S.shared, 'bench-anchors');
 const TAG = S.prefix.replace(/[^a-zA-Z0-9]/g, '').slice(0, 8) || 'mdb';
@@ -99,12 +119,14 @@ const PORT = {
   exitHttp: 28080,
 };
 const RELAY_JS = join(REPO_ROOT, 'dist/bench/dataplane/node-tls-relay.js');
+const LATENCY_JS = join(REPO_ROOT, 'dist/bench/dataplane/latency-client.js');
+const IMPAIR_JS = join(REPO_ROOT, 'dist/test/helpers/udp-impair.js');
 const API_PORT = 7480;
 const MGMT = {
   ingress: { host: `${TAG}m0`, hostIp: `10.254.${S.mgmtIndex}.1`, agentIp: `10.254.${S.mgmtIndex}.2` },
   exit: { host: `${TAG}m1`, hostIp: `10.254.${S.mgmtIndex}.5`, agentIp: `10.254.${S.mgmtIndex}.6` },
 };
-const METRICS = ['tcp1', 'tcp4', 'udp', 'cps'] as const;
+const METRICS = ['tcp1', 'tcp4', 'udp', 'cps', 'lat'] as const;
 type Metric = (typeof METRICS)[number];
 const STAMP = new Date()
   .toISOString()
@@ -182,8 +204,11 @@ interface Proc {
   pid: number;
 }
 
-/** The agent's paths: `mesh` (NAT exit), `mesh-mv` (MACVLAN exit), `mesh-tp` (fully transparent). */
-const MESH_PATHS = ['mesh', 'mesh-mv', 'mesh-tp'];
+/**
+ * The agent's paths: `mesh` (NAT exit), `mesh-mv` (MACVLAN exit), `mesh-tp` (fully transparent),
+ * `mesh-kcp` (the same service as `mesh` with transport_type kcp).
+ */
+const MESH_PATHS = ['mesh', 'mesh-mv', 'mesh-tp', 'mesh-kcp'];
 const isMeshPath = (path: string): boolean => MESH_PATHS.includes(path);
 
 /** A path's tunnel processes: the agents, this bench's relays, or the daemons paths.sh started (its pids file: "tag pid" lines). */
@@ -194,7 +219,16 @@ function tunnelProcs(path: string): Proc[] {
       { name: 'exit', pid: exit!.agent.proc.pid! },
     ];
   if (path === 'nodetls') return nodeTls.map((r) => ({ name: r.side, pid: r.pid }));
-  const tag = path === 'wg' ? /^wg-/ : path === 'stunnel' ? /^stunnel-/ : path === 'socat' ? /^socat-/ : null;
+  const tag =
+    path === 'wg'
+      ? /^wg-/
+      : path === 'stunnel'
+        ? /^stunnel-/
+        : path === 'socat'
+          ? /^socat-/
+          : path.startsWith('kcp-')
+            ? /^kcp-/
+            : null;
   if (!tag) return [];
   return readFileSync(join(STATE_DIR, 'pids'), 'utf8')
     .split('\n')
@@ -300,9 +334,190 @@ async function nodeTlsDown(): Promise<void> {
   }
 }
 
-const pathUp = (path: string) => (path === 'nodetls' ? nodeTlsUp() : anchors('paths.sh', 'up', path));
-const pathDown = (path: string) =>
-  path === 'nodetls' ? nodeTlsDown() : anchors('paths.sh', 'down', path).then(() => undefined);
+const pathUp = (path: string) =>
+  path === 'nodetls'
+    ? nodeTlsUp()
+    : S.delayMs && path.startsWith('kcp-')
+      ? kcpDelayedUp(path)
+      : anchors('paths.sh', 'up', path);
+async function pathDown(path: string): Promise<void> {
+  if (path === 'nodetls') return nodeTlsDown();
+  await anchors('paths.sh', 'down', path);
+  if (path.startsWith('kcp-')) await stopImpairs(/^kcp-/);
+}
+
+// --- DELAY: the UDP impairment proxy (test/helpers/udp-impair.ts) on the kcp underlays ----------
+
+interface Impair {
+  name: string;
+  proc: ChildProcess;
+  pid: number;
+  output: string;
+  exited: Promise<void>;
+}
+
+/** The impairment proxies running now (in the ingress namespace). */
+let impairs: Impair[] = [];
+/** Each stopped proxy's final counters (its SIGTERM line), for the JSON. */
+const impairCounters: { name: string; counters: unknown }[] = [];
+
+/** Starts `udp-impair --listen listen --to to --delay-ms DELAY` in ingress and waits for its `listening` line. */
+async function startImpair(name: string, listen: string, to: string): Promise<Impair> {
+  const proc = spawn(
+    'ip',
+    [
+      'netns',
+      'exec',
+      NS.ingress,
+      process.execPath,
+      IMPAIR_JS,
+      '--listen',
+      listen,
+      '--to',
+      to,
+      '--delay-ms',
+      String(S.delayMs),
+      '--client-idle-ms',
+      '0',
+    ],
+    { stdio: ['ignore', 'pipe', 'pipe'] },
+  );
+  const im: Impair = {
+    name,
+    proc,
+    pid: proc.pid!,
+    output: '',
+    exited: new Promise((r) => proc.once('close', () => r())),
+  };
+  impairs.push(im);
+  await new Promise<void>((resolve, reject) => {
+    const timer = setTimeout(
+      () => reject(new Error(`udp-impair ${name}: not listening in 10 s: ${im.output}`)),
+      10_000,
+    );
+    const onData = (c: Buffer) => {
+      im.output += c.toString();
+      if (/"listening"/.test(im.output)) {
+        clearTimeout(timer);
+        resolve();
+      }
+    };
+    proc.stdout!.on('data', onData);
+    proc.stderr!.on('data', onData);
+    proc.once('close', (code) => {
+      clearTimeout(timer);
+      reject(new Error(`udp-impair ${name} exited (${code}): ${im.output}`));
+    });
+  });
+  return im;
+}
+
+/** Stops the proxies whose name matches (SIGTERM: they print their counters and exit). */
+async function stopImpairs(which: RegExp): Promise<void> {
+  const stopping = impairs.filter((i) => which.test(i.name));
+  impairs = impairs.filter((i) => !which.test(i.name));
+  for (const im of stopping) {
+    im.proc.kill('SIGTERM');
+    const timer = setTimeout(() => im.proc.kill('SIGKILL'), 5000);
+    await im.exited;
+    clearTimeout(timer);
+    const last = im.output
+      .trim()
+      .split('\n')
+      .filter((l) => l.startsWith('{'))
+      .pop();
+    let counters: unknown = null;
+    try {
+      counters = last ? JSON.parse(last) : null;
+    } catch {
+      counters = last ?? null;
+    }
+    impairCounters.push({ name: im.name, counters });
+    log(`  udp-impair ${im.name} counters: ${last ?? '(none)'}`);
+    mkdirSync(RAW, { recursive: true });
+    writeFileSync(join(RAW, `impair-${im.name}-${Date.now()}.log`), im.output);
+  }
+}
+
+/** kcptun ports (common.sh's KCP_*) and the proxies' ports in ingress in front of them. */
+const KCP_UDP = { iperf: 29900, http: 29901 };
+const KCP_PROXY = { iperf: 39900, http: 39901 };
+
+/**
+ * kcptun with DELAY: paths.sh brings the pair up as usual, then its two clients are replaced by the
+ * same clients (paths.sh's options, same pids-file tags, so `paths.sh down` stops them) pointed at
+ * one impairment proxy each in ingress (10.91.0.1:3990x -> exit's 10.91.0.2:2990x).
+ */
+async function kcpDelayedUp(path: string): Promise<void> {
+  await anchors('paths.sh', 'up', path);
+  for (const k of ['iperf', 'http'] as const)
+    await startImpair(`kcp-${k}`, `${IP.ingressUl}:${KCP_PROXY[k]}`, `${IP.exitUl}:${KCP_UDP[k]}`);
+  const crypt = path.startsWith('kcp-aes') ? 'aes' : 'none';
+  const wide = path.endsWith('-w') ? '--sndwnd 1024 --rcvwnd 1024' : '';
+  const script = `set -euo pipefail
+. ${JSON.stringify(join(ANCHORS, 'common.sh'))}
+stop_tag 'kcp-c-.*'
+common="--key bench-$BA_TAG --crypt ${crypt} --mode fast --nocomp --quiet ${wide}"
+bg kcp-c-iperf "$NS_INGRESS" kcptun-client -l $IP_INGRESS_IN:$RELAY_IPERF -r $IP_INGRESS_UL:${KCP_PROXY.iperf} $common
+bg kcp-c-http "$NS_INGRESS" kcptun-client -l $IP_INGRESS_IN:$RELAY_HTTP -r $IP_INGRESS_UL:${KCP_PROXY.http} $common
+wait_tcp "$NS_INGRESS" $IP_INGRESS_IN $RELAY_IPERF; wait_tcp "$NS_INGRESS" $IP_INGRESS_IN $RELAY_HTTP
+`;
+  await must('bash', ['-c', script], 60_000);
+}
+
+const DELAY_TABLE = `${TAG}dly`;
+const MESH_PROXY_PORT = 17480;
+
+/**
+ * mesh-kcp with DELAY, set up once before the agents start (so no conntrack entry of their UDP
+ * predates it) and kept for the whole run. In ingress: the agent's own UDP to the exit agent
+ * (udp sport 7480 dport 7480 to 10.91.0.2) is DNATed to a proxy on 10.91.0.1:17480, which forwards
+ * it from an ephemeral port to 10.91.0.2:7480. The exit's transport moves the link to the address
+ * an authenticated DATA came from (roaming), so it answers the proxy, which delays the answers too
+ * and sends them from 10.91.0.1:17480 to the agent; conntrack's reply mapping gives them the
+ * source 10.91.0.2:7480 again. The exit's datagrams that come straight (e.g. an INIT when the exit
+ * dials, before it has heard the proxy) are NOT tracked (raw notrack on i1): tracked, they would
+ * create an entry whose replies leave the ingress un-NATed, around the proxy, for as long as the
+ * entry lives.
+ */
+async function meshDelayUp(): Promise<void> {
+  await startImpair('mesh-kcp', `${IP.ingressUl}:${MESH_PROXY_PORT}`, `${IP.exitUl}:${API_PORT}`);
+  const rules = `table ip ${DELAY_TABLE} {
+  chain out { type nat hook output priority -100; policy accept;
+    ip daddr ${IP.exitUl} udp sport ${API_PORT} udp dport ${API_PORT} counter dnat to ${IP.ingressUl}:${MESH_PROXY_PORT}
+  }
+  chain raw { type filter hook prerouting priority raw; policy accept;
+    iifname "i1" ip saddr ${IP.exitUl} udp sport ${API_PORT} udp dport ${API_PORT} counter notrack
+  }
+}
+`;
+  const dir = join(STATE_DIR, 'delay');
+  mkdirSync(dir, { recursive: true });
+  writeFileSync(join(dir, 'ingress.nft'), rules);
+  await must('ip', ['netns', 'exec', NS.ingress, 'nft', '-f', join(dir, 'ingress.nft')]);
+}
+
+async function meshDelayDown(): Promise<void> {
+  await run('ip', ['netns', 'exec', NS.ingress, 'nft', 'delete', 'table', 'ip', DELAY_TABLE]);
+  await stopImpairs(/^mesh-kcp$/);
+}
+
+/** The proxies a path's traffic crosses (their CPU is recorded apart from the tunnel's). */
+const impairsOf = (path: string): Impair[] =>
+  path === 'mesh-kcp'
+    ? impairs.filter((i) => i.name === 'mesh-kcp')
+    : path.startsWith('kcp-')
+      ? impairs.filter((i) => i.name.startsWith('kcp-'))
+      : [];
+
+// --- LOSS: paths.sh loss-on around every path ----------------------------------------------------
+
+/** The loss rule's counters in exit: packets seen on e1 and dropped (cumulative since loss-on). */
+async function lossCounters(): Promise<{ seen: number; dropped: number } | null> {
+  if (!S.loss) return null;
+  const [seen, dropped] = (await anchors('paths.sh', 'loss-stats')).trim().split(/\s+/).map(Number);
+  return { seen: seen ?? 0, dropped: dropped ?? 0 };
+}
 
 // --- the tools -------------------------------------------------------------------------------
 
@@ -314,6 +529,17 @@ interface Figure {
   retransmits?: number;
   failed?: number;
   error?: string;
+  /** lat: the latency client's figures (value = p50 ms). */
+  latency?: {
+    n: number;
+    p50Ms: number | null;
+    p99Ms: number | null;
+    maxMs: number | null;
+    meanMs: number | null;
+    errors: number;
+    connections: number;
+    seconds: number;
+  };
 }
 
 interface IperfEnd {
@@ -343,6 +569,31 @@ async function iperf(file: string, host: string, port: number, args: string[]): 
     return fig;
   } catch {
     return { value: null, error: `iperf3 exited ${r.code}: ${(r.err || r.out).slice(0, 200)}` };
+  }
+}
+
+/** Sequential small requests on one keep-alive connection from the client namespace (latency-client.ts). */
+async function latency(file: string, host: string, port: number): Promise<Figure> {
+  const r = await inNs(
+    NS.client,
+    process.execPath,
+    [LATENCY_JS, host, String(port), String(S.latN), String(S.duration)],
+    (S.duration + 60) * 1000,
+  );
+  writeFileSync(file, r.out + r.err);
+  try {
+    const l = JSON.parse(r.out.trim().split('\n').pop() ?? '') as NonNullable<Figure['latency']>;
+    if (l.n < 10 || l.p50Ms === null)
+      return { value: null, latency: l, error: `only ${l.n} answers (${l.errors} errors)` };
+    if (l.connections !== 1)
+      return {
+        value: null,
+        latency: l,
+        error: `${l.connections} connections: a reconnect is in the figures`,
+      };
+    return { value: l.p50Ms, latency: l };
+  } catch {
+    return { value: null, error: `latency-client exited ${r.code}: ${(r.err || r.out).slice(0, 200)}` };
   }
 }
 
@@ -493,6 +744,19 @@ const gcDelta = (a: GcStats, b: GcStats): GcStats =>
     ]),
   );
 
+/** The sum of a metric's samples in the agent's /metrics (all labels). */
+async function metricSum(node: Node, name: string): Promise<number> {
+  const res = await node.agent.client.get('/metrics', { token: node.token });
+  let sum = 0;
+  for (const line of (res.text as string).split('\n')) {
+    if (!line.startsWith(`${name}{`) && !line.startsWith(`${name} `)) continue;
+    const v = Number(line.slice(line.lastIndexOf(' ') + 1));
+    if (Number.isFinite(v)) sum += v;
+  }
+  return sum;
+}
+const kcpRetransmissions = (node: Node) => metricSum(node, 'mesh_kcp_retransmissions_total');
+
 async function meshCounters(node: Node, id: string): Promise<MeshCounters> {
   const res = await node.agent.client.get(`/v1/services/${id}`, { token: node.token });
   if (res.status !== 200) throw new Error(`GET service: ${res.status} ${res.text}`);
@@ -524,7 +788,7 @@ async function meshUp(path: string): Promise<void> {
   const a = ingress!;
   const b = exit!;
   const exitMode =
-    path === 'mesh'
+    path === 'mesh' || path === 'mesh-kcp'
       ? {}
       : {
           requires_interface: true,
@@ -533,7 +797,7 @@ async function meshUp(path: string): Promise<void> {
         };
   const res = await a.agent.client.post('/v1/services', {
     token: a.token,
-    json: { target_peer_id: b.peerId, transport_type: 'tcp', ...exitMode },
+    json: { target_peer_id: b.peerId, transport_type: path === 'mesh-kcp' ? 'kcp' : 'tcp', ...exitMode },
   });
   if (res.status !== 201) throw new Error(`create service: ${res.status} ${res.text}`);
   const id = res.body.id as string;
@@ -551,7 +815,21 @@ async function meshUp(path: string): Promise<void> {
     }
     return true;
   });
-  if (path !== 'mesh') {
+  // The ingress's word that the tunnel to the exit is of the path's transport.
+  const transport = path === 'mesh-kcp' ? 'kcp' : 'tcp';
+  await until(`tunnel over ${transport} up`, 30_000, async () => {
+    const m = await a.agent.client.get('/metrics', { token: a.token });
+    const line = m.text
+      .split('\n')
+      .find(
+        (l: string) =>
+          l.startsWith('mesh_tunnel_up{') &&
+          l.includes(`peer_id="${b.peerId}"`) &&
+          l.includes(`transport="${transport}"`),
+      );
+    return line?.endsWith(' 1') ? true : `no mesh_tunnel_up 1 for ${transport}: ${line ?? '(absent)'}`;
+  });
+  if (path === 'mesh-mv' || path === 'mesh-tp') {
     // The exit's own word that the mode took effect (and, transparent, that the host is ready).
     const want = path === 'mesh-tp' ? 'transparent' : 'macvlan';
     await until(`exit mode ${want}`, 10_000, async () => {
@@ -669,6 +947,12 @@ interface Sample extends Figure {
   };
   /** Anchors only: CPU seconds the two idle agents used meanwhile (their disturbance). */
   agentIdleCpuS?: number;
+  /** LOSS > 0: the loss rule's counters over the figure (packets on exit's e1, dropped, %). */
+  underlayLoss?: { seen: number; dropped: number; pct: number };
+  /** DELAY > 0: CPU seconds of the impairment proxies the path crosses (not in tunnelCpuS). */
+  impairCpuS?: number;
+  /** mesh-kcp: KCP segments sent again over the figure (mesh_kcp_retransmissions_total), per agent. */
+  kcpRetransmissions?: { ingress: number; exit: number };
   load: [number, number];
   invalid?: string;
 }
@@ -698,6 +982,16 @@ async function measure(rep: number, path: string, metric: Metric, fn: () => Prom
   const te0 = isMesh ? await tunStats(NS.exit, x0!.interface) : undefined;
   const gi0 = isMesh ? await gcStats(ingress!) : undefined;
   const ge0 = isMesh ? await gcStats(exit!) : undefined;
+  const imp = impairsOf(path);
+  const imp0 = imp.length
+    ? cpuSeconds(
+        imp.map((i) => i.pid),
+        false,
+      )
+    : 0;
+  const loss0 = await lossCounters();
+  const kcp = path === 'mesh-kcp';
+  const kr0 = kcp ? await Promise.all([kcpRetransmissions(ingress!), kcpRetransmissions(exit!)]) : undefined;
   const load0 = loadavg()[0]!;
   const perf =
     S.perf && PERF_PATHS.includes(path)
@@ -718,12 +1012,28 @@ async function measure(rep: number, path: string, metric: Metric, fn: () => Prom
     destBytes: bytes,
     tunnelCpuS: cpu,
     ...(procs.length ? { cpuByProcess } : {}),
-    cpuSPerGB: cpu !== null && metric !== 'cps' && bytes > 0 ? cpu / (bytes / 1e9) : null,
+    cpuSPerGB: cpu !== null && metric !== 'cps' && metric !== 'lat' && bytes > 0 ? cpu / (bytes / 1e9) : null,
     cpuMsPerKConn:
       cpu !== null && metric === 'cps' && fig.value ? (cpu * 1e6) / (fig.value * S.duration) : null,
     load: [load0, loadavg()[0]!],
   };
   if (!isMesh) s.agentIdleCpuS = cpuSeconds(agents, false) - idle0;
+  if (imp.length)
+    s.impairCpuS =
+      cpuSeconds(
+        imp.map((i) => i.pid),
+        false,
+      ) - imp0;
+  const loss1 = await lossCounters();
+  if (loss0 && loss1) {
+    const seen = loss1.seen - loss0.seen;
+    const dropped = loss1.dropped - loss0.dropped;
+    s.underlayLoss = { seen, dropped, pct: seen > 0 ? (100 * dropped) / seen : 0 };
+  }
+  if (kr0) {
+    const [i1, e1] = await Promise.all([kcpRetransmissions(ingress!), kcpRetransmissions(exit!)]);
+    s.kcpRetransmissions = { ingress: i1 - kr0[0], exit: e1 - kr0[1] };
+  }
   if (isMesh) {
     const m1 = await meshCounters(ingress!, serviceId!);
     const x1 = await meshCounters(exit!, serviceId!);
@@ -747,7 +1057,12 @@ async function measure(rep: number, path: string, metric: Metric, fn: () => Prom
     // in headers: there, the streams opened must cover the requests ab completed.
     const m = s.mesh;
     const carried = m.bytesSent + m.bytesReceived + m.streamBytesUp + m.streamBytesDown;
-    if (metric === 'cps') {
+    if (metric === 'lat') {
+      // A few hundred bytes per request against more in headers: the stream must carry >= 100 B each.
+      const n = fig.latency?.n ?? 0;
+      if (m.streamsOpened < 1 || m.streamBytesUp + m.streamBytesDown < 100 * n)
+        s.invalid = `did not cross the mesh: ${m.streamsOpened} streams, ${m.streamBytesUp}+${m.streamBytesDown} B for ${n} requests`;
+    } else if (metric === 'cps') {
       const requests = (fig.value ?? 0) * S.duration;
       if (m.streamsOpened < 0.9 * requests && carried < bytes / 2)
         s.invalid = `did not cross the mesh: ${m.streamsOpened} streams for ~${requests.toFixed(0)} requests`;
@@ -757,6 +1072,14 @@ async function measure(rep: number, path: string, metric: Metric, fn: () => Prom
   if (fig.value === null) s.invalid = fig.error ?? 'no figure';
   samples.push(s);
   const extra = [
+    fig.latency
+      ? `n ${fig.latency.n} p50 ${fig.latency.p50Ms?.toFixed(3)} p99 ${fig.latency.p99Ms?.toFixed(3)} max ${fig.latency.maxMs?.toFixed(1)} ms, ${fig.latency.errors} errors, ${fig.latency.connections} conn`
+      : '',
+    s.underlayLoss ? `underlay drop ${s.underlayLoss.pct.toFixed(2)}% of ${s.underlayLoss.seen}` : '',
+    s.impairCpuS !== undefined ? `proxy CPU ${s.impairCpuS.toFixed(1)} s` : '',
+    s.kcpRetransmissions
+      ? `kcp retr ingress ${s.kcpRetransmissions.ingress} exit ${s.kcpRetransmissions.exit}`
+      : '',
     fig.lossPct !== undefined ? `loss ${fig.lossPct.toFixed(2)}%` : '',
     fig.retransmits !== undefined ? `retr ${fig.retransmits}` : '',
     s.cpuSPerGB !== null ? `${s.cpuSPerGB.toFixed(2)} CPU s/GB` : '',
@@ -806,11 +1129,15 @@ async function measurePath(rep: number, path: string): Promise<void> {
   const udp = path === 'direct' || path === 'wg' || isMeshPath(path);
   const f = (m: string) => join(RAW, `r${rep}-${path}-${m}.${m === 'cps' ? 'txt' : 'json'}`);
   await sleep(1000);
+  const want = (m: Metric) => S.figures.includes(m);
+  if (isMeshPath(path)) await pathCheck(rep, path);
   // TCP omits its first second (slow start); UDP does not: iperf3 3.12 miscounts UDP loss with
   // --omit (99.7% "lost" while the receiver reported a quarter of the sent bytes).
-  await measure(rep, path, 'tcp1', () => iperf(f('tcp1'), t.host, t.iperf, ['-O', '1', '-P', '1']));
-  await measure(rep, path, 'tcp4', () => iperf(f('tcp4'), t.host, t.iperf, ['-O', '1', '-P', '4']));
-  if (udp)
+  if (want('tcp1'))
+    await measure(rep, path, 'tcp1', () => iperf(f('tcp1'), t.host, t.iperf, ['-O', '1', '-P', '1']));
+  if (want('tcp4'))
+    await measure(rep, path, 'tcp4', () => iperf(f('tcp4'), t.host, t.iperf, ['-O', '1', '-P', '4']));
+  if (udp && want('udp'))
     await measure(rep, path, 'udp', () =>
       iperf(f('udp'), t.host, t.iperf, ['-u', '-b', S.udpRate, '-l', String(S.udpLen)]),
     );
@@ -819,7 +1146,23 @@ async function measurePath(rep: number, path: string): Promise<void> {
   // starts once one request has crossed, so conn/s measures the path, not its recovery.
   const settled = await httpAnswers(t.host, t.http, 30_000);
   if (settled > 1000) log(`  rep ${rep} ${path}: first HTTP answer after the UDP figure took ${settled} ms`);
-  await measure(rep, path, 'cps', () => ab(f('cps'), t.host, t.http));
+  if (want('lat')) await measure(rep, path, 'lat', () => latency(f('lat'), t.host, t.http));
+  if (want('cps')) await measure(rep, path, 'cps', () => ab(f('cps'), t.host, t.http));
+}
+
+/** Per rep and mesh path: ping RTT client -> dest through the path (ICMP crosses the packet path), and mesh-kcp's KCP RTT. */
+const pathChecks: { rep: number; path: string; pingRttMs: number | null; kcpRttMs?: number; out: string }[] =
+  [];
+
+async function pathCheck(rep: number, path: string): Promise<void> {
+  const r = await inNs(NS.client, 'ping', ['-c', '5', '-i', '0.2', '-W', '3', IP.dest], 20_000);
+  const m = /= [\d.]+\/([\d.]+)\//.exec(r.out);
+  const c: (typeof pathChecks)[number] = { rep, path, pingRttMs: m ? Number(m[1]) : null, out: r.out.trim() };
+  if (path === 'mesh-kcp') c.kcpRttMs = 1000 * (await metricSum(ingress!, 'mesh_kcp_rtt_seconds'));
+  pathChecks.push(c);
+  log(
+    `  rep ${rep} ${path}: ping avg RTT ${c.pingRttMs ?? 'n/a'} ms${c.kcpRttMs !== undefined ? `, KCP RTT ${c.kcpRttMs.toFixed(1)} ms` : ''}`,
+  );
 }
 
 /** Ms until one HTTP request from client to host:port succeeds (curl, 2 s each), at most limitMs. */
@@ -888,13 +1231,16 @@ const LABEL: Record<string, string> = {
   mesh: '**mesh (agent, tcp service)**',
   'mesh-mv': 'mesh-mv (MACVLAN exit)',
   'mesh-tp': '**mesh-tp (fully transparent)**',
+  'mesh-kcp': '**mesh-kcp (agent, kcp service)**',
+  'kcp-aes-w': 'kcp-aes-w (kcptun AES, wnd 1024)',
+  'kcp-none-w': 'kcp-none-w (kcptun no crypt, wnd 1024)',
 };
 
 function summary(): string {
   const lines: string[] = [];
   const paths = S.paths;
   lines.push(
-    `Data plane, ${S.reps} rep(s) x ${S.duration} s, ${cpus().length} CPUs, ab -c ${S.abC}, UDP -b ${S.udpRate} -l ${S.udpLen}. Cells: median [min-max] over reps.`,
+    `Data plane, ${S.reps} rep(s) x ${S.duration} s, ${cpus().length} CPUs, ab -c ${S.abC}, UDP -b ${S.udpRate} -l ${S.udpLen}, LOSS ${S.loss} %, DELAY ${S.delayMs} ms each way (kcptun and mesh-kcp underlays only), figures ${S.figures.join(' ')}. Cells: median [min-max] over reps.`,
     '',
     '| path | TCP 1 stream Gbit/s | TCP 4 streams Gbit/s | UDP received Gbit/s | UDP loss % | new conn/s (ab) |',
     '|---|---|---|---|---|---|',
@@ -992,6 +1338,7 @@ function summary(): string {
       );
     }
   }
+  lines.push(...kcpSummary(paths));
   const bad = samples.filter((s) => s.invalid);
   if (bad.length) {
     lines.push('', 'Invalid samples (left out of the tables):', '');
@@ -1005,6 +1352,96 @@ function summary(): string {
     `Idle agents during the anchors' measurements: ${idleS.toFixed(2)} CPU s in ${idle.length} measurements. 1-min load average around measurements: ${loads.length ? `${Math.min(...loads).toFixed(2)}-${Math.max(...loads).toFixed(2)}` : 'n/a'}.`,
   );
   return lines.join('\n');
+}
+
+/** Per-rep ratios of a latency quantile, num over den (< 1 = num is faster). */
+function latRatios(num: string, den: string, key: 'p50Ms' | 'p99Ms' | 'maxMs'): number[] {
+  const out: number[] = [];
+  for (let rep = 1; rep <= S.reps; rep++) {
+    const a = valid(num, 'lat').find((s) => s.rep === rep)?.latency?.[key];
+    const b = valid(den, 'lat').find((s) => s.rep === rep)?.latency?.[key];
+    if (a && b) out.push(a / b);
+  }
+  return out;
+}
+
+/** The latency table, the underlay's real drop rate, the delay checks and issue 8's targets. */
+function kcpSummary(paths: string[]): string[] {
+  const lines: string[] = [];
+  const lat = (p: string, k: 'p50Ms' | 'p99Ms' | 'maxMs' | 'n') =>
+    valid(p, 'lat')
+      .map((s) => s.latency?.[k])
+      .filter((v): v is number => typeof v === 'number');
+  const drop = (p: string) =>
+    samples.filter((s) => s.path === p && s.underlayLoss).map((s) => s.underlayLoss!.pct);
+  if (S.figures.includes('lat') || S.loss) {
+    lines.push(
+      '',
+      `Small request/response latency (sequential GETs on one keep-alive connection, <= ${S.latN} requests or ${S.duration} s) and the underlay's measured drop rate (every figure of the path):`,
+      '',
+      '| path | p50 ms | p99 ms | max ms | requests | underlay drop % |',
+      '|---|---|---|---|---|---|',
+    );
+    for (const p of paths)
+      lines.push(
+        `| ${LABEL[p] ?? p} | ${cell(lat(p, 'p50Ms'))} | ${cell(lat(p, 'p99Ms'))} | ${cell(lat(p, 'maxMs'))} | ${cell(lat(p, 'n'))} | ${S.loss ? cell(drop(p)) : 'no loss rule'} |`,
+      );
+  }
+  if (pathChecks.length) {
+    lines.push(
+      '',
+      'Ping through the mesh paths (client -> dest, 5 pings, avg ms; ICMP crosses the packet path) and KCP RTT:',
+      '',
+    );
+    for (const p of paths.filter(isMeshPath)) {
+      const pc = pathChecks.filter((c) => c.path === p);
+      const ping = pc.map((c) => c.pingRttMs).filter((v): v is number => v !== null);
+      const k = pc.map((c) => c.kcpRttMs).filter((v): v is number => v !== undefined);
+      lines.push(`- ${p}: ping ${cell(ping)} ms${k.length ? `, KCP smoothed RTT ${cell(k)} ms` : ''}`);
+    }
+  }
+  if (!paths.includes('mesh-kcp')) return lines;
+  const others = paths.filter((x) => x !== 'mesh-kcp');
+  lines.push(
+    '',
+    "mesh-kcp ratios to each other path (per rep, same rep; median [min-max]). CPU: the other's CPU per GB over mesh-kcp's, > 1 = mesh-kcp is cheaper. Latency: mesh-kcp's over the other's, < 1 = mesh-kcp is faster.",
+    '',
+    '| mesh-kcp x | TCP 1 | TCP 4 | CPU TCP 1 | CPU TCP 4 | p50 | p99 |',
+    '|---|---|---|---|---|---|---|',
+  );
+  for (const p of others)
+    lines.push(
+      `| ${LABEL[p] ?? p} | ${cell(ratios('mesh-kcp', p, 'tcp1', 'value'))} | ${cell(ratios('mesh-kcp', p, 'tcp4', 'value'))} | ${cell(ratios('mesh-kcp', p, 'tcp1', 'cpu'))} | ${cell(ratios('mesh-kcp', p, 'tcp4', 'cpu'))} | ${cell(latRatios('mesh-kcp', p, 'p50Ms'))} | ${cell(latRatios('mesh-kcp', p, 'p99Ms'))} |`,
+    );
+  const retr = samples.filter((s) => s.path === 'mesh-kcp' && s.kcpRetransmissions && s.metric === 'tcp1');
+  if (retr.length)
+    lines.push(
+      '',
+      `mesh-kcp KCP retransmissions during TCP 1 (ingress, the data sender): ${cell(retr.map((s) => s.kcpRetransmissions!.ingress))}`,
+    );
+  const proxy = samples.filter((s) => s.impairCpuS !== undefined && s.metric === 'tcp1');
+  if (proxy.length) {
+    lines.push('', 'Impairment proxy CPU s during TCP 1 (not in the tunnel CPU):', '');
+    for (const p of paths) {
+      const xs = proxy.filter((s) => s.path === p).map((s) => s.impairCpuS!);
+      if (xs.length) lines.push(`- ${p}: ${cell(xs)}`);
+    }
+  }
+  if (paths.includes('kcp-aes-w')) {
+    const med = (xs: number[]) => (xs.length ? sig(median(xs)) : 'n/a');
+    const tput = ratios('mesh-kcp', 'kcp-aes-w', 'tcp1', 'value');
+    const tput4 = ratios('mesh-kcp', 'kcp-aes-w', 'tcp4', 'value');
+    const p99 = latRatios('mesh-kcp', 'kcp-aes-w', 'p99Ms');
+    const pass = (ok: boolean, n: number) => (n ? (ok ? 'PASS' : 'FAIL') : 'n/a');
+    lines.push(
+      '',
+      `Issue 8 at LOSS ${S.loss} %, DELAY ${S.delayMs} ms (medians of the per-rep ratios; the throughput target is set at 0 % and 5 % loss, the latency one at 5 %):`,
+      '',
+      `- throughput mesh-kcp >= 1.2x kcp-aes-w, TCP 1 stream: ${med(tput)}x ${pass(median(tput) >= 1.2, tput.length)} (TCP 4 streams: ${med(tput4)}x ${pass(median(tput4) >= 1.2, tput4.length)})`,
+      `- p99 latency mesh-kcp <= kcp-aes-w: ${med(p99)}x ${pass(median(p99) <= 1, p99.length)}${S.loss === 5 ? '' : ' (reference: the target is at 5 % loss)'}`,
+    );
+  }
+  return lines;
 }
 
 // --- main ------------------------------------------------------------------------------------
@@ -1024,6 +1461,9 @@ function cleanup(): Promise<void> {
     if (exit) writeFileSync(join(RAW, 'agent-exit.log'), exit.agent.logs);
     if (currentPath && !isMeshPath(currentPath))
       await pathDown(currentPath).catch((e: Error) => log(e.message));
+    if (S.loss) await anchors('paths.sh', 'loss-off').catch(() => '');
+    await meshDelayDown().catch((e: Error) => log(e.message));
+    await stopImpairs(/./).catch((e: Error) => log(e.message));
     await anchors('paths.sh', 'services-down').catch(() => '');
     await anchors('topology.sh', 'down').catch((e: Error) => log(e.message));
     for (const m of [MGMT.ingress, MGMT.exit]) await run('ip', ['link', 'del', m.host]);
@@ -1052,6 +1492,10 @@ async function environment(): Promise<Record<string, string>> {
     'wireguard-go': await pkg('wireguard-go'),
     stunnel4: await pkg('stunnel4'),
     socat: await pkg('socat'),
+    kcptun: await pkg('kcptun'),
+    load_avg_start: loadavg()
+      .map((x) => x.toFixed(2))
+      .join(' '),
   };
 }
 
@@ -1081,6 +1525,7 @@ async function main(): Promise<void> {
     for (const m of [MGMT.ingress, MGMT.exit]) await run('ip', ['link', 'del', m.host]);
     await anchors('topology.sh', 'up');
     await anchors('paths.sh', 'services-up');
+    if (S.delayMs && S.paths.includes('mesh-kcp')) await meshDelayUp();
     if (S.paths.some(isMeshPath)) {
       await mgmtUp();
       await startAgents();
@@ -1103,6 +1548,7 @@ async function main(): Promise<void> {
             if ((await meshRules()) !== 0) throw new Error('mesh rules present while measuring an anchor');
             await pathUp(path);
           }
+          if (S.loss) await anchors('paths.sh', 'loss-on', String(S.loss));
           await measurePath(rep, path);
         } catch (err) {
           log(`  path ${path} failed: ${(err as Error).message}`);
@@ -1122,6 +1568,7 @@ async function main(): Promise<void> {
               });
           }
         } finally {
+          if (S.loss) await anchors('paths.sh', 'loss-off').catch((e: Error) => log(e.message));
           if (isMeshPath(path)) await meshDown();
           else await pathDown(path).catch((e: Error) => log(e.message));
           currentPath = undefined;
@@ -1134,7 +1581,14 @@ async function main(): Promise<void> {
   const text = summary();
   process.stdout.write(`${text}\n`);
   const file = join(RESULTS, `dataplane-${STAMP}.json`);
-  writeFileSync(file, JSON.stringify({ settings: S, env: envInfo, samples, summary: text }, null, 1));
+  writeFileSync(
+    file,
+    JSON.stringify(
+      { settings: S, env: envInfo, samples, pathChecks, impairCounters, summary: text },
+      null,
+      1,
+    ),
+  );
   log(`results in ${file} (raw outputs in ${RAW})`);
 }
 
