@@ -568,13 +568,16 @@ export class KcpSession {
     return nowMs + Math.min(wait, this.interval);
   }
 
-  /** Sends pending acks, window probes, new data within the window and due retransmissions now. */
+  /**
+   * Sends pending acks, window probes, new data within the window and due retransmissions now,
+   * and counts as this interval's flush: check() then answers `interval` ms later, not "now".
+   * (ikcp's flush leaves the schedule alone; a caller that flushes after every input, as the
+   * kcp transport does, then re-armed its timer at its 1 ms floor while data was in flight.)
+   */
   flush(nowMs: number): void {
     this.current = nowMs >>> 0;
-    if (!this.updated) {
-      this.updated = true;
-      this.tsFlush = this.current;
-    }
+    this.updated = true;
+    this.tsFlush = (this.current + this.interval) >>> 0;
     this.flushNow();
   }
 
