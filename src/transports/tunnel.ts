@@ -1,7 +1,7 @@
 /**
  * The Tunnel contract every transport keeps (issue 5, data plane): one authenticated, ordered
  * message pipe per pair of peers, kept up by the transport, carrying opaque messages (IP packets)
- * of at most 64 KiB. The dataplane uses only these types; transports (tcp, memory, later kcp)
+ * of at most 64 KiB. The dataplane uses only these types; transports (tcp, kcp, memory)
  * implement them, and test/compliance/tunnel-suite.ts holds every transport to the same rules.
  * Imported by src/transports and src/dataplane; imports only Node built-ins.
  */
@@ -144,7 +144,7 @@ export type FaultReason =
   | 'revoked';
 
 export interface TunnelTransport {
-  /** 'tcp' | 'memory' | later 'kcp'. */
+  /** 'tcp' | 'kcp' | 'memory'. */
   readonly kind: string;
   /**
    * Keeps a tunnel to the peer: the side with the LOWER peer id dials (and redials with backoff);
