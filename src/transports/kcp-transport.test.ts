@@ -243,6 +243,26 @@ describe('kcp transport', { timeout: 180_000 }, () => {
     await p.close();
   });
 
+  it('revalidate drops the secure sessions of a peer no longer active: its datagrams no longer even decrypt', async () => {
+    const p = await makePair();
+    const directory = (p.b as unknown as { directory: StaticPeerDirectory }).directory;
+    directory.delete(p.pa.id);
+    const before = p.b.datagramStats();
+    p.b.revalidate();
+    assert.equal(p.b.tunnel(p.pa.id)?.state === 'up', false);
+    // A still sends (its keepalives, a message) on the session B has forgotten.
+    p.a.tunnel(p.pb.id)?.send([Buffer.from('after revocation')]);
+    await eventually(
+      'datagrams of the revoked peer dropped as naming no session',
+      () => p.b.datagramStats().dropped.noSession > before.dropped.noSession,
+      5000,
+      () => p.b.datagramStats().dropped,
+    );
+    assert.equal(p.b.datagramStats().secure.opened, before.secure.opened, 'nothing more decrypted');
+    assert.deepEqual(p.atB, []);
+    await p.close();
+  });
+
   it('an INIT flood is rate-limited before any signature check', async () => {
     let verifications = 0;
     const verify: typeof verifyEd25519 = (data, key, sig) => {

@@ -319,6 +319,16 @@ export class KcpTransport extends TunnelKeeper {
     return { address: a.address, port: a.port };
   }
 
+  /**
+   * The keeper closes the links of peers no longer active; their secure sessions go too, so
+   * that their datagrams no longer even decrypt (they are dropped as `noSession`).
+   */
+  override revalidate(): void {
+    super.revalidate();
+    for (const peerId of this.endpoint.peerIds())
+      if (!this.directory.peer(peerId)) this.endpoint.dropPeer(peerId);
+  }
+
   /** Datagram counters (all peers), with the secure layer's. */
   datagramStats(): KcpDatagramStats {
     const c = this.counts;

@@ -903,6 +903,11 @@ export class SecureEndpoint {
     return nowMs - session.createdMs >= this.rekeyAfterMs || session.wearingOut;
   }
 
+  /** The peers this endpoint holds sessions or a pending INIT for. */
+  peerIds(): string[] {
+    return [...this.peers.keys()];
+  }
+
   /** Forgets everything about the peer: sessions, pending INIT, its last INIT timestamp. */
   dropPeer(peerId: string): void {
     const slot = this.peers.get(peerId);
