@@ -1,7 +1,9 @@
 #!/usr/bin/env node
 /**
- * The `mesh-agent` command: `serve`, `license keygen`, `license sign`, `version`.
- * Exit codes: 0 success, 1 runtime failure, 2 usage error.
+ * The `mesh-agent` command: `serve`, `license keygen`, `license sign`, `version`, and the
+ * client commands of client-commands.ts (login, bootstrap, peers, services, routes,
+ * credentials, cluster, status), which have exit codes of their own (docs/cli.md).
+ * Exit codes here: 0 success, 1 runtime failure, 2 usage error.
  */
 import { existsSync, mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -10,6 +12,7 @@ import { systemClock } from '../domain/clock.js';
 import { generateLicenseKeyPair, loadLicenseSigningKey, signLicense } from '../license/sign.js';
 import { parseLicensePublicKey } from '../license/verify.js';
 import { writeFileAtomic } from '../store/key-files.js';
+import { CLIENT_COMMAND_NAMES, CLIENT_USAGE } from './client-usage.js';
 import { devBanner, prepareDevMode } from './dev-mode.js';
 import { parseServeOptions, UsageError } from './serve-options.js';
 import { restartWithV8Flags } from './v8-flags.js';
@@ -24,7 +27,9 @@ const USAGE = `usage:
   mesh-agent license sign --key FILE --customer-id C --license-id L --max-nodes N
                    --max-services M --expires-at ISO [--issued-at ISO]
   mesh-agent version
-Every serve flag is also an environment variable MESH_<FLAG> (e.g. MESH_DATA_DIR).`;
+Every serve flag is also an environment variable MESH_<FLAG> (e.g. MESH_DATA_DIR).
+
+${CLIENT_USAGE}`;
 
 async function serve(argv: string[]): Promise<void> {
   const opts = parseServeOptions(argv, process.env);
@@ -158,6 +163,12 @@ function licenseSign(argv: string[]): void {
 async function main(argv: string[]): Promise<void> {
   const [command, sub, ...rest] = argv;
   if (command === 'serve') return serve(argv.slice(1));
+  if (command !== undefined && CLIENT_COMMAND_NAMES.has(command)) {
+    // Loaded on demand like the agent: the client needs none of the server's modules.
+    const { runClientCommand } = await import('./client-commands.js');
+    process.exitCode = await runClientCommand(argv);
+    return;
+  }
   if (command === 'license' && sub === 'keygen') return licenseKeygen(rest);
   if (command === 'license' && sub === 'sign') return licenseSign(rest);
   if (command === 'version' || command === '--version') {
