@@ -239,14 +239,31 @@ function printSecret(s: Session, body: Obj, keys: string[]): void {
 async function login(args: string[], io: Io, env: NodeJS.ProcessEnv): Promise<void> {
   const p = parse(
     args,
-    { 'client-id': { type: 'string' }, 'client-secret': { type: 'string' } },
+    {
+      'client-id': { type: 'string' },
+      'client-secret': { type: 'string' },
+      'client-secret-file': { type: 'string' },
+    },
     [0, 0],
     'login',
   );
+  // A file keeps the secret out of the process list and the shell history.
+  const secretFile = str(p, 'client-secret-file');
+  let fromFile: string | undefined;
+  if (secretFile !== undefined) {
+    if (str(p, 'client-secret') !== undefined) {
+      throw new UsageError('login: --client-secret or --client-secret-file, not both');
+    }
+    try {
+      fromFile = readFileSync(secretFile, 'utf8').trim();
+    } catch (err) {
+      throw new UsageError(`--client-secret-file: ${(err as Error).message}`);
+    }
+  }
   const name = str(p, 'profile') ?? env.MESH_PROFILE ?? 'default';
   const url = str(p, 'url') ?? env.MESH_URL;
   const clientId = str(p, 'client-id') ?? env.MESH_CLIENT_ID;
-  const clientSecret = str(p, 'client-secret') ?? env.MESH_CLIENT_SECRET;
+  const clientSecret = fromFile ?? str(p, 'client-secret') ?? env.MESH_CLIENT_SECRET;
   if (!url || !clientId || !clientSecret) {
     throw new UsageError(
       'login needs --url, --client-id and --client-secret (or MESH_URL, MESH_CLIENT_ID, MESH_CLIENT_SECRET)',
@@ -679,42 +696,52 @@ async function status(args: string[], s0: { io: Io; env: NodeJS.ProcessEnv }): P
   for (const svc of serviceList)
     details.push(await api.call<Obj>('GET', `/v1/services/${enc(String(svc.id))}`));
   const all = { identity, license, peers: peerList, services: details };
-  s.print(all, () => {
-    const lines = [
-      `cluster   ${cell(identity.cluster_id)}`,
-      `agent     peer ${cell(identity.peer_id)}, version ${cell(identity.version)}`,
-    ];
-    if (license) {
+  s.print(all, () => renderStatus(all));
+}
+
+export interface StatusData {
+  identity: Obj;
+  license: Obj | null;
+  peers: Obj[];
+  services: Obj[];
+}
+
+/** The `status` screen from the API's answers (services in their single form). Pure. */
+export function renderStatus({ identity, license, peers: peerList, services: details }: StatusData): string {
+  const lines = [
+    `cluster   ${cell(identity.cluster_id)}`,
+    `agent     peer ${cell(identity.peer_id)}, version ${cell(identity.version)}`,
+  ];
+  if (license) {
+    lines.push(
+      `license   ${cell(license.license_id)} expires ${cell(license.expires_at)}` +
+        (license.days_to_expiry !== undefined ? ` (${cell(license.days_to_expiry)} days)` : '') +
+        `, nodes ${cell(license.nodes_used)}/${cell(license.max_nodes)}, services ${cell(license.services_used)}/${cell(license.max_services)}`,
+    );
+  } else {
+    lines.push(`license   ${cell(identity.license_id)}`);
+  }
+  lines.push('', `PEERS (${peerList.length})`, peerTable(peerList), '', `SERVICES (${details.length})`);
+  if (details.length === 0) lines.push('(none)');
+  for (const svc of details) {
+    const dp = svc.dataplane as Obj | undefined;
+    lines.push(
+      `${cell(svc.id)}  ${cell(svc.source_peer_id)} -> ${cell(svc.target_peer_id)}  ${cell(svc.transport_type)}` +
+        `  ${svc.is_active === false ? 'inactive' : 'active'}` +
+        (dp
+          ? `  state ${cell(dp.state)} (${cell(dp.role)})${dp.problem ? `: ${cell(dp.problem)}` : ''}`
+          : '  state - (no data plane on this agent)'),
+    );
+    if (dp) lines.push(`    traffic  ${trafficLine(dp)}`);
+    const rs = Array.isArray(svc.routes) ? (svc.routes as Obj[]) : [];
+    if (rs.length === 0) lines.push('    routes   (none)');
+    for (const r of rs) {
       lines.push(
-        `license   ${cell(license.license_id)} expires ${cell(license.expires_at)}` +
-          (license.days_to_expiry !== undefined ? ` (${cell(license.days_to_expiry)} days)` : '') +
-          `, nodes ${cell(license.nodes_used)}/${cell(license.max_nodes)}, services ${cell(license.services_used)}/${cell(license.max_services)}`,
+        `    route ${cell(r.id)}  priority ${cell(r.priority)}  ${cell(r.source_cidr)} -> ${cell(r.dest_cidr)}`,
       );
-    } else {
-      lines.push(`license   ${cell(identity.license_id)}`);
     }
-    lines.push('', `PEERS (${peerList.length})`, peerTable(peerList), '', `SERVICES (${details.length})`);
-    if (details.length === 0) lines.push('(none)');
-    for (const svc of details) {
-      const dp = svc.dataplane as Obj | undefined;
-      lines.push(
-        `${cell(svc.id)}  ${cell(svc.source_peer_id)} -> ${cell(svc.target_peer_id)}  ${cell(svc.transport_type)}` +
-          `  ${svc.is_active === false ? 'inactive' : 'active'}` +
-          (dp
-            ? `  state ${cell(dp.state)} (${cell(dp.role)})${dp.problem ? `: ${cell(dp.problem)}` : ''}`
-            : '  state - (no data plane on this agent)'),
-      );
-      if (dp) lines.push(`    traffic  ${trafficLine(dp)}`);
-      const rs = Array.isArray(svc.routes) ? (svc.routes as Obj[]) : [];
-      if (rs.length === 0) lines.push('    routes   (none)');
-      for (const r of rs) {
-        lines.push(
-          `    route ${cell(r.id)}  priority ${cell(r.priority)}  ${cell(r.source_cidr)} -> ${cell(r.dest_cidr)}`,
-        );
-      }
-    }
-    return lines.join('\n');
-  });
+  }
+  return lines.join('\n');
 }
 
 /** Runs one client command; returns the exit code. Never throws. */

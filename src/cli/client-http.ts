@@ -121,6 +121,7 @@ export class MeshClient {
       access_token: body.access_token,
       // Counted from before the request: the token cannot outlive this estimate.
       expires_at_ms: started + body.expires_in * 1000,
+      lifetime_ms: body.expires_in * 1000,
     };
     saveToken(this.opts.configDir, this.opts.profile, token);
     return token;
@@ -128,7 +129,9 @@ export class MeshClient {
 
   private async token(): Promise<string> {
     const cached = loadToken(this.opts.configDir, this.opts.profile);
-    if (tokenUsable(cached, this.opts.url, this.opts.clientId ?? '', this.now())) return cached.access_token;
+    if (tokenUsable(cached, this.opts.url, this.opts.clientId ?? '', this.now(), cached?.lifetime_ms)) {
+      return cached.access_token;
+    }
     return (await this.fetchToken()).access_token;
   }
 

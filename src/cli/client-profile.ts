@@ -25,6 +25,8 @@ export interface CachedToken {
   access_token: string;
   /** Epoch milliseconds, from the token response's expires_in and the client's clock. */
   expires_at_ms: number;
+  /** expires_in of the token response, in ms: sets the refresh margin. */
+  lifetime_ms?: number;
 }
 
 export const DEFAULT_PROFILE = 'default';

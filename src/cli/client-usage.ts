@@ -16,7 +16,8 @@ export const CLIENT_COMMAND_NAMES: ReadonlySet<string> = new Set([
 ]);
 
 export const CLIENT_USAGE = `client commands (talk to an agent's management API):
-  mesh-agent login --url URL --client-id ID --client-secret SECRET [--profile NAME]
+  mesh-agent login --url URL --client-id ID (--client-secret SECRET | --client-secret-file FILE)
+                   [--profile NAME]
   mesh-agent bootstrap --license FILE [--name N] [--description D] [--url URL] [--login]
   mesh-agent peers ls [--local|--remote] | get ID | add HOST:PORT | rename ID NAME | rm ID | leave --yes
   mesh-agent services ls [--source PEER] [--target PEER] | get ID | rm ID

@@ -202,14 +202,16 @@ describe('mesh-agent client commands', { timeout: 180_000 }, () => {
     assert.equal(existsSync(join(home, 'mesh-agent', 'bad.json')), false);
 
     const saved = JSON.parse(readFileSync(join(home, 'mesh-agent', 'default.json'), 'utf8')) as Obj;
+    const secretFile = join(home, 'secret.txt');
+    writeFileSync(secretFile, `${bootstrapSecret}\n`, { mode: 0o600 });
     const res = await cli([
       'login',
       '--url',
       `${a.url}/`,
       '--client-id',
       String(saved.client_id),
-      '--client-secret',
-      bootstrapSecret,
+      '--client-secret-file',
+      secretFile,
       '--profile',
       'second',
     ]);
