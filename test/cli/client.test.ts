@@ -387,6 +387,37 @@ describe('mesh-agent client commands', { timeout: 180_000 }, () => {
 
     assert.equal((await json(['services', 'rm', secondId])).deleted, true);
     assert.match((await cli(['services', 'rm', secondId])).stderr, /error 404 NOT_FOUND/);
+
+    // --transparent: the flag reaches the API, which also judges its conditions.
+    const transparent = await json([
+      'services',
+      'create',
+      '--source',
+      b.peerId,
+      '--target',
+      aPeerId,
+      '--transparent',
+      '--interface',
+      '--ipv4',
+      '10.78.0.2/24',
+    ]);
+    assert.equal((await json(['services', 'get', String(transparent.id)])).fully_transparent, true);
+    assert.match(
+      (await ok(['services', 'get', String(transparent.id)])).stdout,
+      /^fully_transparent\s+true$/m,
+    );
+    assert.equal((await json(['services', 'rm', String(transparent.id)])).deleted, true);
+    const refused = await cli([
+      'services',
+      'create',
+      '--source',
+      b.peerId,
+      '--target',
+      aPeerId,
+      '--transparent',
+    ]);
+    assert.equal(refused.code, 1, refused.stderr);
+    assert.match(refused.stderr, /^mesh-agent: error 4\d\d [A-Z_]+: \S/m);
   });
 
   it('routes add (one, several, from a file)|ls|update|rm', async () => {
