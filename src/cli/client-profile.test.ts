@@ -89,6 +89,12 @@ describe('client profile and token cache', () => {
       clientSecret: undefined,
     });
 
+    writeFileSync(join(dir, 'broken.json'), '{"client_secret": "s3cret-value-1234567890" oops');
+    assert.throws(
+      () => resolveProfile(dir, {}, 'broken'),
+      (err: Error) => /not valid JSON/.test(err.message) && !err.message.includes('s3cret'),
+    );
+
     saveToken(dir, 'default', token(5));
     assert.equal(statSync(join(dir, 'default.token.json')).mode & 0o777, 0o600);
     assert.deepEqual(loadToken(dir, 'default'), token(5));

@@ -80,8 +80,9 @@ export function loadProfile(dir: string, name: string): Profile | undefined {
   let parsed: Partial<Profile>;
   try {
     parsed = JSON.parse(readFileSync(path, 'utf8')) as Partial<Profile>;
-  } catch (err) {
-    throw new Error(`${path}: not valid JSON (${(err as Error).message})`);
+  } catch {
+    // Not the parser's message: V8 quotes the text around the fault, which may be the secret.
+    throw new Error(`${path}: not valid JSON; run \`mesh-agent login\` again`);
   }
   return {
     url: typeof parsed.url === 'string' ? parsed.url : '',
