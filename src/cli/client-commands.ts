@@ -756,6 +756,10 @@ export async function runClientCommand(
   };
   const [command, ...rest] = argv;
   const s0 = { io: out, env };
+  if (rest.includes('--help') || rest.includes('-h')) {
+    out.out(CLIENT_USAGE);
+    return EXIT.OK;
+  }
   try {
     switch (command) {
       case 'login':

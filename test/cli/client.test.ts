@@ -90,6 +90,8 @@ describe('mesh-agent client commands', { timeout: 180_000 }, () => {
       assert.ok(res.stdout.includes(word), word);
     }
     assert.match(res.stdout, /Exit codes: 0 ok, 1 .*2 usage error,\s+3 .*4 not logged in/s);
+    const sub = await ok(['routes', 'add', '--help']);
+    assert.match(sub.stdout, /mesh-agent routes add SERVICE/);
   });
 
   it('usage errors exit 2 without contacting anything', async () => {
