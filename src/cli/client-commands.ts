@@ -413,11 +413,21 @@ async function services(args: string[], s0: { io: Io; env: NodeJS.ProcessEnv }):
     case 'ls': {
       const p = parse(
         rest,
-        { source: { type: 'string' }, target: { type: 'string' } },
+        {
+          source: { type: 'string' },
+          target: { type: 'string' },
+          interface: { type: 'boolean' },
+          'no-interface': { type: 'boolean' },
+        },
         [0, 0],
         'services ls',
       );
+      if (flag(p, 'interface') && flag(p, 'no-interface')) {
+        throw new UsageError('services ls: --interface or --no-interface, not both');
+      }
       const q = new URLSearchParams();
+      if (flag(p, 'interface')) q.set('requires_interface', 'true');
+      if (flag(p, 'no-interface')) q.set('requires_interface', 'false');
       if (str(p, 'source')) q.set('source_peer_id', str(p, 'source')!);
       if (str(p, 'target')) q.set('target_peer_id', str(p, 'target')!);
       const s = new Session(io, s0.env, p);

@@ -20,7 +20,7 @@ export const CLIENT_USAGE = `client commands (talk to an agent's management API)
                    [--profile NAME]
   mesh-agent bootstrap --license FILE [--name N] [--description D] [--url URL] [--login]
   mesh-agent peers ls [--local|--remote] | get ID | add HOST:PORT | rename ID NAME | rm ID | leave --yes
-  mesh-agent services ls [--source PEER] [--target PEER] | get ID | rm ID
+  mesh-agent services ls [--source PEER] [--target PEER] [--interface|--no-interface] | get ID | rm ID
   mesh-agent services create --target PEER [--source PEER] [--transport tcp|kcp] [--interface]
                    [--ipv4 CIDR] [--ipv6 CIDR] [--transparent] [--bandwidth MBPS]
   mesh-agent services update ID [--interface|--no-interface] [--ipv4 CIDR|none] [--ipv6 CIDR|none]

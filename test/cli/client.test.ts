@@ -359,6 +359,14 @@ describe('mesh-agent client commands', { timeout: 180_000 }, () => {
       (await json<Obj[]>(['services', 'ls', '--source', b.peerId])).map((s) => s.id),
       [secondId],
     );
+    assert.deepEqual(
+      (await json<Obj[]>(['services', 'ls', '--interface'])).map((s) => s.id),
+      [secondId],
+    );
+    assert.deepEqual(
+      (await json<Obj[]>(['services', 'ls', '--no-interface'])).map((s) => s.id),
+      [serviceId],
+    );
     const table = (await ok(['services', 'ls'])).stdout;
     assert.match(
       table,
