@@ -12,6 +12,7 @@ import { join, resolve } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import pino, { type Logger } from 'pino';
 import { buildApp, type HealthReport } from './api/app.js';
+import { registerLicenseMetrics } from './api/license-status.js';
 import { ApiMetrics } from './api/metrics.js';
 import { AccessTokens } from './auth/access-tokens.js';
 import { Credentials } from './auth/credentials.js';
@@ -161,6 +162,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     });
     const engine = gossip;
     const data = await buildDataPlane(config, store, identity, createPrivateKey(identityPem), scheme, logger);
+    registerLicenseMetrics(metrics.registry, store, clock);
     if (data?.dataplane) registerDataPlaneMetrics(metrics.registry, data.dataplane);
     if (data?.dataplane && data.kcp) {
       const dataplane = data.dataplane;

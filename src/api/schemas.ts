@@ -31,6 +31,11 @@ export const Health = Type.Object({
   status: Type.String({ description: '`ok` when healthy or ready' }),
   timestamp: Timestamp,
   reasons: Type.Optional(Type.Array(Type.String())),
+  warnings: Type.Optional(
+    Type.Array(Type.String(), {
+      description: '/readyz only: conditions to act on that do not make the agent unready (license expiry)',
+    }),
+  ),
 });
 
 export const LicenseObject = Type.Object(

@@ -1,19 +1,26 @@
-/** `/livez` and `/readyz`: public probes in the health shape, 503 with reasons when not ok. */
+/**
+ * `/livez` and `/readyz`: public probes in the health shape, 503 with reasons when not ok. `/readyz`
+ * may add `warnings` (license near or past expiry) to its body: they never make the agent unready.
+ */
 import type { FastifyInstance } from 'fastify';
 import { isoTime } from '../../domain/clock.js';
 import type { AppDeps } from '../app.js';
+import { licenseWarnings } from '../license-status.js';
 import { Health } from '../schemas.js';
 
 export function registerHealthRoutes(app: FastifyInstance, deps: AppDeps): void {
   const probe = (which: 'live' | 'ready') => async (_req: unknown, reply: import('fastify').FastifyReply) => {
     const report = deps.health();
     const reasons = which === 'live' ? report.liveReasons : [...report.liveReasons, ...report.readyReasons];
+    const now = deps.clock.now();
     const body = {
       status: reasons.length === 0 ? 'ok' : 'unavailable',
-      timestamp: isoTime(deps.clock.now()),
+      timestamp: isoTime(now),
     };
-    if (reasons.length === 0) return reply.code(200).send(body);
-    return reply.code(503).send({ ...body, reasons });
+    const warnings = which === 'ready' ? licenseWarnings(deps.store, now) : [];
+    const extra = warnings.length > 0 ? { warnings } : {};
+    if (reasons.length === 0) return reply.code(200).send({ ...body, ...extra });
+    return reply.code(503).send({ ...body, reasons, ...extra });
   };
   const schema = (summary: string) => ({
     tags: ['health'],
