@@ -40,6 +40,7 @@ import { connectNetSocket, openTransparentListener } from './native/sockets.js';
 import { openTun } from './native/tun.js';
 import { loadOrCreateSecretFile, removeStaleTempFiles } from './store/key-files.js';
 import { Store } from './store/store.js';
+import { type KcpParams, KcpSession } from './transports/kcp/kcp.js';
 import { registerKcpMetrics } from './transports/kcp-metrics.js';
 import { KcpTransport } from './transports/kcp-transport.js';
 import { TcpTransport } from './transports/tcp.js';
@@ -71,6 +72,13 @@ export interface AgentConfig {
   dataplane?: 'on' | 'off' | 'auto';
   /** `--macvlan-parent`; default: the interface of the default route. */
   macvlanParent?: string | undefined;
+  /** --kcp: KCP engine parameters of the kcp transport (DEFAULT_KCP_PARAMS where absent). */
+  kcp?: Partial<
+    Pick<
+      KcpParams,
+      'mtu' | 'interval' | 'nodelay' | 'resend' | 'noCongestionControl' | 'sndWnd' | 'rcvWnd' | 'minRtoMs'
+    >
+  >;
 }
 
 export const DATABASE_FILE = 'mesh-agent.db';
@@ -338,6 +346,9 @@ async function buildDataPlane(
     directory,
   });
   const apiPort = Number(config.advertise.slice(config.advertise.lastIndexOf(':') + 1));
+  // --kcp's values are checked now, by the engine itself: a bad one stops the start-up with its
+  // reason instead of failing each link later.
+  new KcpSession(1, () => {}, config.kcp ?? {});
   // The kcp transport's UDP socket takes the API's port number (peers know only that address).
   let kcp: KcpTransport | undefined;
   try {
@@ -351,6 +362,7 @@ async function buildDataPlane(
       // every 2 s and 10 s of silence tell it, so its streams' clients get an error well within 15 s.
       keepaliveIntervalMs: 2000,
       deadAfterMs: 10_000,
+      ...(config.kcp ? { kcp: config.kcp } : {}),
       logger: log,
     });
   } catch (err) {

@@ -67,6 +67,7 @@ async function serve(argv: string[]): Promise<void> {
     testHooks: opts.testHooks,
     dataplane: opts.dataplane,
     macvlanParent: opts.macvlanParent,
+    kcp: opts.kcp,
   });
   if (banner) process.stderr.write(`${banner}\n`);
 

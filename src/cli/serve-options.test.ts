@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { parseHostPort, parseServeOptions, UsageError } from './serve-options.js';
+import { parseHostPort, parseKcpTuning, parseServeOptions, UsageError } from './serve-options.js';
 
 describe('serve options', () => {
   it('has the defaults of DECISIONS §1', () => {
@@ -48,5 +48,38 @@ describe('serve options', () => {
     assert.throws(() => parseServeOptions(['--nope'], {}), UsageError);
     assert.throws(() => parseServeOptions(['--dataplane', 'maybe'], {}), UsageError);
     assert.throws(() => parseServeOptions(['--public-url', 'ftp://x'], {}), UsageError);
+  });
+});
+
+describe('--kcp', () => {
+  it("reads kcptun's names into the engine's parameters; MESH_KCP too; empty is none", () => {
+    assert.deepEqual(
+      parseKcpTuning('mtu=1400,interval=20,nodelay=0,resend=3,nc=1,sndwnd=512,rcvwnd=2048,minrto=50'),
+      {
+        mtu: 1400,
+        interval: 20,
+        nodelay: false,
+        resend: 3,
+        noCongestionControl: true,
+        sndWnd: 512,
+        rcvWnd: 2048,
+        minRtoMs: 50,
+      },
+    );
+    assert.deepEqual(parseKcpTuning(undefined), {});
+    assert.deepEqual(parseServeOptions([], { MESH_KCP: 'sndwnd=256' }).kcp, { sndWnd: 256 });
+    assert.deepEqual(parseServeOptions(['--kcp', 'nodelay=1'], { MESH_KCP: 'sndwnd=256' }).kcp, {
+      nodelay: true,
+    });
+  });
+
+  it('refuses unknown keys, non-integers and booleans other than 0 and 1, naming the item', () => {
+    for (const bad of ['window=5', 'mtu=abc', 'mtu', 'nodelay=2', 'mtu=-1', 'mtu=1350;nc=1']) {
+      assert.throws(
+        () => parseKcpTuning(bad),
+        (err: Error) => err instanceof UsageError && err.message.includes('--kcp'),
+        bad,
+      );
+    }
   });
 });

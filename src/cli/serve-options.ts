@@ -20,6 +20,51 @@ export interface ServeOptions {
   logLevel: string;
   gossipIntervalMs: number;
   testHooks: boolean;
+  /** --kcp: KCP engine parameters of the kcp transport (docs/kcp.md), checked again by the agent. */
+  kcp: KcpTuning;
+}
+
+/** The KCP parameters an operator may set (`--kcp mtu=1350,nodelay=1,...`, kcptun's names). */
+export interface KcpTuning {
+  mtu?: number;
+  interval?: number;
+  nodelay?: boolean;
+  resend?: number;
+  noCongestionControl?: boolean;
+  sndWnd?: number;
+  rcvWnd?: number;
+  minRtoMs?: number;
+}
+
+const KCP_KEYS: Record<string, [keyof KcpTuning, 'int' | 'bool']> = {
+  mtu: ['mtu', 'int'],
+  interval: ['interval', 'int'],
+  nodelay: ['nodelay', 'bool'],
+  resend: ['resend', 'int'],
+  nc: ['noCongestionControl', 'bool'],
+  sndwnd: ['sndWnd', 'int'],
+  rcvwnd: ['rcvWnd', 'int'],
+  minrto: ['minRtoMs', 'int'],
+};
+
+/** `key=value,...` of KCP_KEYS; ranges are the engine's to check (the agent does at start). */
+export function parseKcpTuning(text: string | undefined): KcpTuning {
+  const out: Record<string, number | boolean> = {};
+  if (text === undefined || text.trim() === '') return {};
+  for (const item of text.split(',')) {
+    const m = /^\s*([a-z]+)\s*=\s*(\d{1,6})\s*$/.exec(item);
+    const known = m ? KCP_KEYS[m[1]!] : undefined;
+    if (!m || !known) {
+      throw new UsageError(
+        `--kcp takes key=value items of ${Object.keys(KCP_KEYS).join(', ')} (integers; nodelay and nc 0 or 1), got ${JSON.stringify(item)}`,
+      );
+    }
+    const value = Number(m[2]);
+    if (known[1] === 'bool' && value !== 0 && value !== 1)
+      throw new UsageError(`--kcp ${m[1]} must be 0 or 1`);
+    out[known[0]] = known[1] === 'bool' ? value === 1 : value;
+  }
+  return out as KcpTuning;
 }
 
 const FLAGS = {
@@ -37,6 +82,7 @@ const FLAGS = {
   'log-level': { type: 'string' },
   'gossip-interval-ms': { type: 'string' },
   'test-hooks': { type: 'boolean' },
+  kcp: { type: 'string' },
 } as const;
 
 export class UsageError extends Error {}
@@ -139,5 +185,6 @@ export function parseServeOptions(argv: string[], env: NodeJS.ProcessEnv): Serve
     logLevel: str('log-level') ?? 'info',
     gossipIntervalMs,
     testHooks: bool('test-hooks'),
+    kcp: parseKcpTuning(str('kcp')),
   };
 }
