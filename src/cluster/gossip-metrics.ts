@@ -1,9 +1,10 @@
 /**
  * Prometheus metrics of gossip, registered in the agent's own registry (DECISIONS §7): messages
  * and bytes by type and direction, refused messages by reason (the counter that shows forged,
- * replayed, stale or unauthorized gossip), records merged, and peers by liveness.
+ * replayed, stale or unauthorized gossip), records merged, how long a change took to reach this
+ * agent (convergence), and peers by liveness.
  */
-import { Counter, Gauge, type Registry } from 'prom-client';
+import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
 
 export class GossipMetrics {
   readonly messages: Counter<'type' | 'direction'>;
@@ -11,6 +12,7 @@ export class GossipMetrics {
   readonly rejected: Counter<'reason'>;
   readonly recordsApplied: Counter;
   readonly recordsMalformed: Counter;
+  readonly convergenceSeconds: Histogram;
   readonly sendFailures: Counter<'type'>;
   readonly peers: Gauge<'state'>;
   readonly antiEntropyRounds: Counter;
@@ -43,6 +45,12 @@ export class GossipMetrics {
     this.recordsMalformed = new Counter({
       name: 'mesh_gossip_records_malformed_total',
       help: 'Replicated records received from an authenticated peer but refused as malformed.',
+      registers,
+    });
+    this.convergenceSeconds = new Histogram({
+      name: 'mesh_gossip_convergence_seconds',
+      help: 'Age of each write gossip applied here, from its writer’s hybrid-clock stamp (tombstones left out; includes clock skew, negatives count as 0; a joining agent’s catch-up counts full ages).',
+      buckets: [0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300],
       registers,
     });
     this.sendFailures = new Counter({

@@ -36,7 +36,7 @@ import type { GossipMetrics } from './gossip-metrics.js';
 import type { GossipTransport } from './gossip-transport.js';
 import type { Identity } from './identity.js';
 import type { Replica } from './replica.js';
-import { keyOf, type WireRecord } from './replicated-records.js';
+import { keyOf, vkeyWall, type WireRecord } from './replicated-records.js';
 
 export interface GossipConfig {
   /** Heartbeat (probe) interval; default 1000 ms. */
@@ -384,6 +384,14 @@ export class Gossip {
   private merge(records: unknown[]): void {
     const result = this.deps.replica.apply(records);
     this.deps.metrics.recordsApplied.inc(result.applied.length);
+    // Convergence: a write's age when it reached this agent, from the stamp its writer gave it.
+    // Tombstones keep the stamp of the record they delete, not the deletion's: they are left out.
+    const now = this.deps.clock.now();
+    for (const r of result.applied) {
+      if (r.body === null) continue;
+      const wall = vkeyWall(r.vkey);
+      if (wall > 0) this.deps.metrics.convergenceSeconds.observe(Math.max(0, now - wall) / 1000);
+    }
     if (result.malformed > 0) this.deps.metrics.recordsMalformed.inc(result.malformed);
     if (result.applied.some((r) => r.key.startsWith('peer/'))) this.fd.setMembers(this.otherActiveIds());
   }
