@@ -44,6 +44,8 @@ const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 /** What the cleanup removes: filled as things are made. */
 const made = { topo: null, procs: [], dirs: [] };
 let cleaning = null;
+/** Set by Ctrl-C / SIGTERM: the steps still running then fail, and that is no error to report. */
+let interrupted = false;
 
 function cleanup() {
   cleaning ??= (async () => {
@@ -64,6 +66,7 @@ for (const [signal, code] of [
   ['SIGTERM', 143],
 ]) {
   process.on(signal, () => {
+    interrupted = true;
     console.log(`\n${signal}: tearing the demo down`);
     cleanup().finally(() => process.exit(code));
   });
@@ -367,8 +370,10 @@ try {
   await main();
   console.log(`\n${bold('== Done.')} Tearing down (namespaces, links, agents, temp files).`);
 } catch (err) {
-  console.error(`\ndemo failed: ${err instanceof Error ? err.message : err}`);
-  code = 1;
+  if (!interrupted) {
+    console.error(`\ndemo failed: ${err instanceof Error ? err.message : err}`);
+    code = 1;
+  }
 } finally {
   await cleanup();
 }
