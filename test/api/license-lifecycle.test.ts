@@ -1,11 +1,21 @@
 /**
  * License lifecycle (issue 9 item 3): with the test clock moved forward, /readyz stays 200 and adds
  * a warning 30 days before expiry and after it, the license gauges on /metrics follow the clock,
- * and an expired license stops nothing: the agent stays live and ready and keeps serving its API.
+ * and an expired license stops nothing: the agent stays live and ready and keeps serving its API,
+ * and in a two-agent cluster the peers, the services and replication carry on past expiry.
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { AgentProcess, bootstrap } from '../helpers/agent-process.js';
+import {
+  advanceClocks,
+  agentNow,
+  eventually,
+  type Member,
+  startCluster,
+  stopAll,
+  waitForConvergence,
+} from '../helpers/gossip-forge.js';
 import { makeVendor } from '../helpers/licenses.js';
 
 const DAY_MS = 86_400_000;
@@ -100,5 +110,54 @@ describe('license lifecycle', { timeout: 60_000 }, () => {
     const peers = await agent.client.get('/v1/peers', { token });
     assert.equal(peers.status, 200, peers.text);
     assert.equal(peers.body.length, 1);
+  });
+});
+
+describe('license expiry in a cluster', { timeout: 60_000 }, () => {
+  const vendor = makeVendor();
+  let members: Member[] = [];
+  let expiresAt: number;
+
+  before(async () => {
+    // Expires two minutes from now; the clocks move three minutes, well inside the failure
+    // detector's grace, so only the license changes state, not the peers' liveness.
+    expiresAt = Date.now() + 120_000;
+    members = await startCluster(vendor, 2, { expires_at: new Date(expiresAt).toISOString() });
+  });
+  after(async () => {
+    await stopAll(members);
+  });
+
+  it('past expiry the peers stay active, the services stay as they were and gossip still replicates', async () => {
+    const [a, b] = members as [Member, Member];
+    const created = await a.agent.client.post('/v1/services', {
+      token: a.token,
+      json: { source_peer_id: a.peerId, target_peer_id: b.peerId },
+    });
+    assert.equal(created.status, 201, created.text);
+    const before = await waitForConvergence(members);
+    await advanceClocks(members, 180_000);
+    for (const m of members) {
+      assert.ok(agentNow(m) > expiresAt, 'the agent clock is past expiry');
+      const ready = await m.agent.client.get('/readyz');
+      assert.equal(ready.status, 200, ready.text);
+      assert.match(ready.body.warnings[0], /expired at/);
+      const text = (await m.agent.client.get('/metrics', { token: m.token })).text;
+      assert.ok((sample(text, 'mesh_license_expiry_seconds') ?? 0) < 0);
+      assert.equal(sample(text, 'mesh_license_nodes_used'), 2);
+      assert.equal(sample(text, 'mesh_license_services_used'), 1);
+    }
+    // Same peers (all active), same services, same credential on both sides.
+    assert.deepEqual(await waitForConvergence(members), before);
+    // A write made after expiry still reaches the other agent.
+    const updated = await b.agent.client.put(`/v1/services/${created.body.id}`, {
+      token: b.token,
+      json: { bandwidth_limit_mbps: 7 },
+    });
+    assert.equal(updated.status, 200, updated.text);
+    await eventually('the update made after expiry replicated to A', async () => {
+      const res = await a.agent.client.get(`/v1/services/${created.body.id}`, { token: a.token });
+      return res.status === 200 && res.body.bandwidth_limit_mbps === 7 ? true : undefined;
+    });
   });
 });
