@@ -86,7 +86,7 @@ export function registerKcpMetrics(registry: Registry, kcp: KcpTransport, peers:
     },
   });
   new Gauge({
-    name: 'mesh_kcp_pacing_rate_bytes',
+    name: 'mesh_kcp_pacing_rate_bytes_per_second',
     help: 'The rate (bytes/s) new data may leave on the peer link: gain x the measured delivery rate, within the configured bounds.',
     labelNames: ['peer_id'] as const,
     registers,
