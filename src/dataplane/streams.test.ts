@@ -465,7 +465,9 @@ describe('StreamMux over the memory transport with loopback sockets', { timeout:
     stuck.write(Buffer.concat([Buffer.from('STUCK'), randomBytes(8 * 1024 * 1024)]));
     await waitFor('both exit sockets', () => h.b.exitSockets.length === 2);
     await uploadStops(h, 'both streams to stop');
-    const [fastExit, stuckExit] = h.b.exitSockets as [net.Socket, net.Socket];
+    // Paired by port, not by the order the exit's connects settled in (a CI run saw them swapped).
+    const fastExit = h.b.exitSockets.find((s) => s.localPort === stops[0]!.socket.remotePort)!;
+    const stuckExit = h.b.exitSockets.find((s) => s !== fastExit)!;
     console.log(
       `# exit holds ${fastExit.writableLength} bytes for the fast-then-stuck stream (max window ${MAX}), ${stuckExit.writableLength} for the stuck one (window ${WINDOW})`,
     );
