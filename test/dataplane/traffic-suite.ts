@@ -11,6 +11,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import {
+  AGENT_UNDERLAY,
   APPS,
   createService,
   dataplaneOf,
@@ -19,11 +20,12 @@ import {
   meshNetnsUp,
   removeService as remove,
   UDP,
+  underlayCapture,
   until,
   waitUp,
 } from '../helpers/mesh-netns.js';
 import { MARKER, streamSha256 } from '../helpers/netns-apps.js';
-import { IP, spawnIn, type Topology } from '../helpers/netns-topology.js';
+import { IP, type Topology } from '../helpers/netns-topology.js';
 import type { Node } from '../helpers/nodes.js';
 
 /** The suite for services of one transport_type, in namespaces `prefix`-*, management subnet `index`. */
@@ -164,42 +166,22 @@ export function trafficSuite(transport: 'tcp' | 'kcp', prefix: string, index: nu
     it('moves 100 MB intact (SHA-256) as a stream, not as TUN packets; the underlay shows only the two agents and no payload', async () => {
       const n = 100 * 1024 * 1024;
       const before = await dataplaneOf(ingress, nat);
-      const capture = spawnIn(topo.ns.ingress, 'tcpdump', [
-        '-i',
-        'i1',
-        '-n',
-        '-l',
-        '-A',
-        '-s',
-        '256',
-        '-c',
-        '20000',
-        'ip or ip6',
-      ]);
-      let captured = '';
-      capture.stdout!.on('data', (c: Buffer) => {
-        captured += c.toString('latin1');
+      let out = '';
+      const { packets, text: captured } = await underlayCapture(topo, 'i1', async () => {
+        out = await topo.run(
+          topo.ns.client,
+          'sh',
+          ['-c', `curl -sS --max-time 120 http://${IP.dest}:${HTTP}/bytes?n=${n} | sha256sum`],
+          130_000,
+        );
       });
-      await new Promise((r) => setTimeout(r, 500));
-      const out = await topo.run(
-        topo.ns.client,
-        'sh',
-        ['-c', `curl -sS --max-time 120 http://${IP.dest}:${HTTP}/bytes?n=${n} | sha256sum`],
-        130_000,
-      );
-      capture.kill('SIGINT');
-      await new Promise((r) => setTimeout(r, 300));
       assert.equal(out.split(' ')[0], streamSha256(n));
-      const lines = captured.split('\n').filter((l) => / IP6? /.test(l));
-      assert.ok(lines.length > 100, `the capture saw the transfer (${lines.length} packets)`);
-      for (const l of lines) {
-        const m = / IP6? (\S+?)(?:\.\d+)? > (\S+?)(?:\.\d+)?: /.exec(l);
-        if (!m) continue;
-        for (const addr of [m[1], m[2]]) {
+      assert.ok(packets.length > 100, `the capture saw the transfer (${packets.length} packets)`);
+      for (const p of packets) {
+        for (const addr of [p.src, p.dst]) {
           assert.ok(
-            // Gossip between the two exits crosses the ingress's underlay too.
-            [IP.ingressUl, IP.exitUl, IP.exit2Ul, IP.ingressUl2, 'fd91::1', 'fd91::2'].includes(addr!),
-            `only the agents' underlay addresses on the underlay, saw ${addr} in: ${l}`,
+            [...AGENT_UNDERLAY, 'fd91::1', 'fd91::2'].includes(addr),
+            `only the agents' underlay addresses on the underlay, saw ${addr} in: ${p.line}`,
           );
         }
       }

@@ -161,3 +161,57 @@ export async function removeService(node: Node, id: string): Promise<void> {
   const res = await node.agent.client.delete(`/v1/services/${id}`, { token: node.token });
   assert.equal(res.status, 200, res.text);
 }
+
+/** The agents' underlay addresses: gossip between the two exits crosses the ingress's underlay too. */
+export const AGENT_UNDERLAY: readonly string[] = [IP.ingressUl, IP.exitUl, IP.exit2Ul, IP.ingressUl2];
+
+/** One packet of an underlay capture: addresses, ports (when tcpdump printed them), and the text after. */
+export interface CapturedPacket {
+  line: string;
+  src: string;
+  srcPort: string | undefined;
+  dst: string;
+  dstPort: string | undefined;
+  /** What follows the addresses: `UDP, length N`, `Flags [P.], ...`, `ICMP ...`. */
+  rest: string;
+}
+
+/**
+ * tcpdump (text, -A: payload printed) on a link of the ingress's namespace while `during` runs:
+ * the packets and the raw text (to look for payload in clear).
+ */
+export async function underlayCapture(
+  topo: Topology,
+  dev: string,
+  during: () => Promise<void>,
+): Promise<{ packets: CapturedPacket[]; text: string }> {
+  const capture = spawnIn(topo.ns.ingress, 'tcpdump', [
+    '-i',
+    dev,
+    '-n',
+    '-l',
+    '-A',
+    '-s',
+    '256',
+    '-c',
+    '30000',
+    'ip or ip6',
+  ]);
+  let text = '';
+  capture.stdout!.on('data', (c: Buffer) => {
+    text += c.toString('latin1');
+  });
+  await new Promise((r) => setTimeout(r, 500));
+  try {
+    await during();
+  } finally {
+    capture.kill('SIGINT');
+    await new Promise((r) => setTimeout(r, 300));
+  }
+  const packets: CapturedPacket[] = [];
+  for (const line of text.split('\n')) {
+    const m = / IP6? (\S+?)(?:\.(\d+))? > (\S+?)(?:\.(\d+))?: (.*)$/.exec(line);
+    if (m) packets.push({ line, src: m[1]!, srcPort: m[2], dst: m[3]!, dstPort: m[4], rest: m[5]! });
+  }
+  return { packets, text };
+}

@@ -7,6 +7,7 @@
  * count). Small on purpose; test/helpers/udp-impair.ts is the full impairment proxy.
  */
 import { createSocket, type RemoteInfo, type Socket } from 'node:dgram';
+import { prng } from '../helpers/seeded-random.js';
 
 export type RelayDirection = 'up' | 'down';
 
@@ -37,7 +38,7 @@ export class UdpRelay {
     public targetPort: number,
     seed: number,
   ) {
-    this.random = mulberry32(seed);
+    this.random = prng(seed);
     socket.on('message', (data, rinfo) => this.fromClient(data, rinfo));
     socket.on('error', () => {});
   }
@@ -110,15 +111,4 @@ export class UdpRelay {
       }
     }
   }
-}
-
-function mulberry32(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
 }
