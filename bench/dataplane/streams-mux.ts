@@ -14,17 +14,16 @@
  * Each figure is the median of BENCH_ROUNDS (3) rounds, with this process's CPU time per MB.
  * Output: a table on stdout and JSON in bench/results/streams-mux-<timestamp>.json.
  */
-import { createPublicKey, generateKeyPairSync, type KeyObject } from 'node:crypto';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
 import net, { type AddressInfo } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { StreamMux } from '../../src/dataplane/streams.js';
-import { peerIdFromPublicKey } from '../../src/domain/ids.js';
 import { MemoryNetwork, memoryPublicKey } from '../../src/transports/memory.js';
 import { StaticPeerDirectory } from '../../src/transports/static-directory.js';
 import { TcpTransport } from '../../src/transports/tcp.js';
 import type { TunnelTransport } from '../../src/transports/tunnel.js';
+import { newPeerIdentity as identity } from '../../test/helpers/peer-identity.js';
 
 const MB = Number(process.env['BENCH_MB'] ?? 128);
 const ROUNDS = Number(process.env['BENCH_ROUNDS'] ?? 3);
@@ -85,12 +84,6 @@ function relay(destinationPort: number): Promise<Path> {
       await closeServer(server);
     },
   }));
-}
-
-function identity(): { key: KeyObject; raw: Buffer; id: string } {
-  const key = generateKeyPairSync('ed25519').privateKey;
-  const raw = Buffer.from(createPublicKey(key).export({ format: 'jwk' }).x as string, 'base64url');
-  return { key, raw, id: peerIdFromPublicKey(raw) };
 }
 
 /** Two transports of the kind, their tunnel up; the ingress side first. */

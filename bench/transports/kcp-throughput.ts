@@ -10,16 +10,16 @@
  * kcp, the retransmissions per 1000 segments. Output: a table and the kcp/tcp ratios on stdout,
  * JSON in bench/results/kcp-transport-<timestamp>.json (git-ignored).
  */
-import { createPublicKey, generateKeyPairSync, type KeyObject } from 'node:crypto';
+import type { KeyObject } from 'node:crypto';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { fileURLToPath } from 'node:url';
-import { peerIdFromPublicKey } from '../../src/domain/ids.js';
 import { KcpTransport } from '../../src/transports/kcp-transport.js';
 import { StaticPeerDirectory } from '../../src/transports/static-directory.js';
 import { TcpTransport } from '../../src/transports/tcp.js';
 import type { TunnelTransport } from '../../src/transports/tunnel.js';
+import { newPeerIdentity as identity } from '../../test/helpers/peer-identity.js';
 import { UdpRelay } from '../../test/transports/udp-relay.js';
 
 const MB = Number(process.env['BENCH_MB'] ?? 64);
@@ -39,12 +39,6 @@ interface Identity {
   key: KeyObject;
   raw: Buffer;
   id: string;
-}
-
-function identity(): Identity {
-  const key = generateKeyPairSync('ed25519').privateKey;
-  const raw = Buffer.from(createPublicKey(key).export({ format: 'jwk' }).x as string, 'base64url');
-  return { key, raw, id: peerIdFromPublicKey(raw) };
 }
 
 function pairOfIds(): [Identity, Identity] {

@@ -16,18 +16,18 @@
  * Each figure is the median of BENCH_ROUNDS (3) rounds, with this process's CPU time per MB.
  * Output: a table on stdout and JSON in bench/results/transports-<timestamp>.json (git-ignored).
  */
-import { createPublicKey, generateKeyPairSync, type KeyObject } from 'node:crypto';
+import { generateKeyPairSync } from 'node:crypto';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
 import https from 'node:https';
 import net, { type AddressInfo } from 'node:net';
 import tls from 'node:tls';
 import { fileURLToPath } from 'node:url';
-import { peerIdFromPublicKey } from '../../src/domain/ids.js';
 import { encodeDataFrames, FrameDecoder } from '../../src/transports/frames.js';
 import { StaticPeerDirectory } from '../../src/transports/static-directory.js';
 import { TcpTransport } from '../../src/transports/tcp.js';
 import { selfSignedCertificate } from '../../src/transports/tunnel-certificate.js';
+import { newPeerIdentity as identity } from '../../test/helpers/peer-identity.js';
 
 const MB = Number(process.env['BENCH_MB'] ?? 256);
 const ROUNDS = Number(process.env['BENCH_ROUNDS'] ?? 3);
@@ -57,12 +57,6 @@ const joined = Buffer.concat(batch);
 /** Writes BATCHES batches through `write` (false = wait for `drain`). */
 async function pump(write: () => boolean, waitDrain: () => Promise<void>): Promise<void> {
   for (let i = 0; i < BATCHES; i++) if (!write()) await waitDrain();
-}
-
-function identity(): { key: KeyObject; raw: Buffer; id: string } {
-  const key = generateKeyPairSync('ed25519').privateKey;
-  const raw = Buffer.from(createPublicKey(key).export({ format: 'jwk' }).x as string, 'base64url');
-  return { key, raw, id: peerIdFromPublicKey(raw) };
 }
 
 async function listen(server: net.Server): Promise<number> {

@@ -1,9 +1,9 @@
 import assert from 'node:assert/strict';
-import { createHash, createPublicKey, generateKeyPairSync, type KeyObject, randomBytes } from 'node:crypto';
+import { createHash, type KeyObject, randomBytes } from 'node:crypto';
 import { createSocket } from 'node:dgram';
 import { after, describe, it } from 'node:test';
+import { newPeerIdentity as peer } from '../../test/helpers/peer-identity.js';
 import { UdpRelay } from '../../test/transports/udp-relay.js';
-import { peerIdFromPublicKey } from '../domain/ids.js';
 import { INIT_BYTES, TYPE_DATA, verifyEd25519 } from './kcp/secure-datagram.js';
 import { KcpTransport, type KcpTransportOptions } from './kcp-transport.js';
 import { StaticPeerDirectory } from './static-directory.js';
@@ -13,12 +13,6 @@ interface Peer {
   key: KeyObject;
   raw: Buffer;
   id: string;
-}
-
-function peer(): Peer {
-  const key = generateKeyPairSync('ed25519').privateKey;
-  const raw = Buffer.from(createPublicKey(key).export({ format: 'jwk' }).x as string, 'base64url');
-  return { key, raw, id: peerIdFromPublicKey(raw) };
 }
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));

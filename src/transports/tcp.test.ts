@@ -1,12 +1,12 @@
 import assert from 'node:assert/strict';
-import { createPublicKey, generateKeyPairSync, type KeyObject } from 'node:crypto';
+import { createPublicKey, generateKeyPairSync } from 'node:crypto';
 import { once } from 'node:events';
 import http from 'node:http';
 import https from 'node:https';
 import net, { type AddressInfo } from 'node:net';
 import { afterEach, describe, it } from 'node:test';
 import tls from 'node:tls';
-import { peerIdFromPublicKey } from '../domain/ids.js';
+import { newPeerIdentity as identity } from '../../test/helpers/peer-identity.js';
 import { requestUpgrade } from './http-upgrade.js';
 import { StaticPeerDirectory } from './static-directory.js';
 import { TcpTransport, type TcpTransportOptions } from './tcp.js';
@@ -21,12 +21,6 @@ async function eventually(what: string, check: () => boolean, timeoutMs = 5000):
     if (performance.now() - start > timeoutMs) assert.fail(`timed out waiting for: ${what}`);
     await sleep(5);
   }
-}
-
-function identity(): { key: KeyObject; raw: Buffer; id: string } {
-  const key = generateKeyPairSync('ed25519').privateKey;
-  const raw = Buffer.from(createPublicKey(key).export({ format: 'jwk' }).x as string, 'base64url');
-  return { key, raw, id: peerIdFromPublicKey(raw) };
 }
 
 const cleanups: (() => Promise<unknown> | undefined)[] = [];

@@ -3,11 +3,11 @@
  * KcpTransport on its own UDP port, each dialer reaching its acceptor through a UdpRelay (so a cut
  * or a killed peer is silence), short keepalive and dead timers, as tunnel-tcp.test.ts.
  */
-import { createPublicKey, generateKeyPairSync, type KeyObject } from 'node:crypto';
-import { peerIdFromPublicKey } from '../../src/domain/ids.js';
+import type { KeyObject } from 'node:crypto';
 import { KcpTransport } from '../../src/transports/kcp-transport.js';
 import { StaticPeerDirectory } from '../../src/transports/static-directory.js';
 import type { PeerDirectory } from '../../src/transports/tunnel.js';
+import { newPeerIdentity } from '../helpers/peer-identity.js';
 import { UdpRelay } from '../transports/udp-relay.js';
 import { type TunnelWorld, tunnelCompliance, type WorldTiming } from './tunnel-suite.js';
 
@@ -29,9 +29,7 @@ interface Slot {
 
 async function makeKcpWorld(peers: number): Promise<TunnelWorld> {
   const slots: Slot[] = Array.from({ length: peers }, () => {
-    const key = generateKeyPairSync('ed25519').privateKey;
-    const raw = Buffer.from(createPublicKey(key).export({ format: 'jwk' }).x as string, 'base64url');
-    return { key, raw, id: peerIdFromPublicKey(raw), transport: undefined, killed: false };
+    return { ...newPeerIdentity(), transport: undefined, killed: false };
   }).sort((a, b) => (a.id < b.id ? -1 : 1));
   const ids = slots.map((s) => s.id);
   const base = new StaticPeerDirectory();

@@ -3,13 +3,13 @@
  * that hands upgrades to its TcpTransport, each dialer reaching its acceptor through a FaultProxy
  * (so a cut or a killed peer is silence, not a FIN), short keepalive and dead timers.
  */
-import { createPublicKey, generateKeyPairSync, type KeyObject } from 'node:crypto';
+import type { KeyObject } from 'node:crypto';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { peerIdFromPublicKey } from '../../src/domain/ids.js';
 import { StaticPeerDirectory } from '../../src/transports/static-directory.js';
 import { TcpTransport } from '../../src/transports/tcp.js';
 import type { PeerDirectory } from '../../src/transports/tunnel.js';
+import { newPeerIdentity } from '../helpers/peer-identity.js';
 import { FaultProxy } from '../transports/fault-proxy.js';
 import { type TunnelWorld, tunnelCompliance, type WorldTiming } from './tunnel-suite.js';
 
@@ -32,9 +32,7 @@ interface Slot {
 
 async function makeTcpWorld(peers: number): Promise<TunnelWorld> {
   const slots: Slot[] = Array.from({ length: peers }, () => {
-    const key = generateKeyPairSync('ed25519').privateKey;
-    const raw = Buffer.from(createPublicKey(key).export({ format: 'jwk' }).x as string, 'base64url');
-    return { key, raw, id: peerIdFromPublicKey(raw), server: undefined, transport: undefined, killed: false };
+    return { ...newPeerIdentity(), server: undefined, transport: undefined, killed: false };
   }).sort((a, b) => (a.id < b.id ? -1 : 1));
   const ids = slots.map((s) => s.id);
   const base = new StaticPeerDirectory();

@@ -5,13 +5,12 @@
  * upgrade. Each refusal is counted by reason in faults().
  */
 import assert from 'node:assert/strict';
-import { createPublicKey, generateKeyPairSync, type KeyObject } from 'node:crypto';
+import type { KeyObject } from 'node:crypto';
 import { once } from 'node:events';
 import http from 'node:http';
 import net, { type AddressInfo } from 'node:net';
 import { after, afterEach, describe, it } from 'node:test';
 import tls from 'node:tls';
-import { peerIdFromPublicKey } from '../../src/domain/ids.js';
 import { encodeDataFrames } from '../../src/transports/frames.js';
 import { requestUpgrade, TUNNEL_PATH } from '../../src/transports/http-upgrade.js';
 import { StaticPeerDirectory } from '../../src/transports/static-directory.js';
@@ -19,6 +18,7 @@ import { TcpTransport, type TcpTransportOptions } from '../../src/transports/tcp
 import type { FaultReason } from '../../src/transports/tunnel.js';
 import { selfSignedCertificate } from '../../src/transports/tunnel-certificate.js';
 import { ecdsaCertificate } from '../helpers/ecdsa-certificate.js';
+import { newPeerIdentity as identity } from '../helpers/peer-identity.js';
 import { FaultProxy } from './fault-proxy.js';
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -36,12 +36,6 @@ interface Identity {
   key: KeyObject;
   raw: Buffer;
   id: string;
-}
-
-function identity(): Identity {
-  const key = generateKeyPairSync('ed25519').privateKey;
-  const raw = Buffer.from(createPublicKey(key).export({ format: 'jwk' }).x as string, 'base64url');
-  return { key, raw, id: peerIdFromPublicKey(raw) };
 }
 
 /** An identity whose id sorts below (or above) the given one, so it is (or is not) the dialer. */
