@@ -15,7 +15,7 @@
  */
 import { Agent, request } from 'node:http';
 
-interface LatencyResult {
+export interface LatencyResult {
   n: number;
   p50Ms: number | null;
   p99Ms: number | null;

@@ -75,6 +75,7 @@ import { ecdsaCertificate } from '../../test/helpers/ecdsa-certificate.js';
 import { makeVendor } from '../../test/helpers/licenses.js';
 import { bootstrapNode, type Node } from '../../test/helpers/nodes.js';
 import { REPO_ROOT, sleep } from '../api/measure.js';
+import type { LatencyResult } from './latency-client.js';
 
 const env = process.env;
 const int = (v: string | undefined, d: number) => (v && /^\d+$/.test(v) ? Number(v) : d);
@@ -530,16 +531,7 @@ interface Figure {
   failed?: number;
   error?: string;
   /** lat: the latency client's figures (value = p50 ms). */
-  latency?: {
-    n: number;
-    p50Ms: number | null;
-    p99Ms: number | null;
-    maxMs: number | null;
-    meanMs: number | null;
-    errors: number;
-    connections: number;
-    seconds: number;
-  };
+  latency?: LatencyResult;
 }
 
 interface IperfEnd {
