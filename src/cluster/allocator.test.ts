@@ -66,6 +66,7 @@ function service(serviceId: string, source: string, target: string): ServiceReco
     createdAt: isoTime(T0),
     updatedAt: isoTime(T0),
     vkey: '',
+    createdStamp: '',
   };
 }
 

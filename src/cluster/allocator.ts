@@ -25,10 +25,13 @@ export const RESERVATION_TTL_MS = 30_000;
 
 export interface Admission {
   /** Admits a new service cluster-wide before it is written; throws the API error otherwise. */
-  admitService(service: ServiceRecord): Promise<void>;
+  admitService(service: ServiceClaim): Promise<void>;
   /** Admits peers about to join (the other side's active peers) before the handshake ends. */
   admitPeers(peerIds: readonly string[]): Promise<void>;
 }
+
+/** What admission looks at of a new service. */
+export type ServiceClaim = Pick<ServiceRecord, 'id' | 'sourcePeerId' | 'targetPeerId'>;
 
 /** What travels to the allocator and back (inside an authenticated gossip request). */
 export type AdmissionRequest =
@@ -93,7 +96,7 @@ export class Allocator implements Admission {
     return oldest;
   }
 
-  async admitService(s: ServiceRecord): Promise<void> {
+  async admitService(s: ServiceClaim): Promise<void> {
     await this.admit({
       kind: 'service',
       id: s.id,

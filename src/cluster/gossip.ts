@@ -422,8 +422,12 @@ export class Gossip {
     const body = records.length > 0 ? { request, records } : { request };
     const reply = (await this.request(allocator, 'allocate', body, this.slowTimeout())) as {
       answer?: AdmissionAnswer;
+      stamp?: unknown;
     };
     if (!reply.answer || typeof reply.answer.granted !== 'boolean') throw new Error('malformed answer');
+    // The allocator's clock has passed every deletion it decided on; ours must too before we
+    // stamp the new service, so that it sorts after the pair's earlier holders (replica.ts).
+    if (typeof reply.stamp === 'string') this.deps.replica.hlc.observe(reply.stamp);
     return reply.answer;
   }
 
@@ -590,6 +594,7 @@ export class Gossip {
           answer: isAdmissionRequest(body.request)
             ? this.deps.allocator.answer(body.request, p.from)
             : { granted: false, code: 'UNAVAILABLE', error: 'malformed admission request' },
+          stamp: this.deps.replica.hlc.tick(),
         };
         break;
       case 'rejoin':

@@ -313,14 +313,17 @@ async function play(nodes: Node[], ops: Op[]): Promise<void> {
   const routeService = new Map<string, string>();
   /** Service id -> its `source target` pair; services deleted by a user. */
   const servicePair = new Map<string, string>();
+  const createdStamp = new Map<string, string>();
   const userDeleted = new Set<string>();
   const send = (from: number, records: WireRecord[]) => {
     for (const r of records) {
       if (!(r.vkey <= (produced.get(r.key) ?? ''))) produced.set(r.key, r.vkey);
       if (r.key.startsWith('route/') && r.body) routeService.set(r.key, String(r.body.service_id));
       if (r.key.startsWith('service/')) {
-        if (r.body) servicePair.set(String(r.body.id), `${r.body.source_peer_id} ${r.body.target_peer_id}`);
-        else userDeleted.add(r.key.slice('service/'.length));
+        if (r.body) {
+          servicePair.set(String(r.body.id), `${r.body.source_peer_id} ${r.body.target_peer_id}`);
+          createdStamp.set(String(r.body.id), String(r.body.created_stamp));
+        } else userDeleted.add(r.key.slice('service/'.length));
       }
     }
     // One message per record: a route can overtake its service, an update its create.
@@ -432,13 +435,15 @@ async function play(nodes: Node[], ops: Op[]): Promise<void> {
       `${key}: the write ${vkey} was lost (held: ${now})`,
     );
   }
-  // A service is deleted only by a user, or because a service with a smaller id holds its pair.
+  // A service is deleted only by a user, or because a service created later holds its pair.
   for (const key of nodes[0]!.store.tombstones().keys()) {
     if (!key.startsWith('service/')) continue;
     const id = key.slice('service/'.length);
     const pair = servicePair.get(id);
-    const smaller = [...servicePair].some(([other, p]) => p === pair && other < id);
-    assert.ok(userDeleted.has(id) || smaller, `${key} was deleted by nobody and lost to nothing`);
+    const later = [...servicePair].some(
+      ([other, p]) => p === pair && createdStamp.get(other)! > createdStamp.get(id)!,
+    );
+    assert.ok(userDeleted.has(id) || later, `${key} was deleted by nobody and lost to nothing`);
   }
   // Invariants every agent keeps: one service per pair, every route under a live service.
   for (const node of nodes) {
@@ -654,17 +659,18 @@ describe('Replica: merge rules', { timeout: 60_000 }, () => {
     assertConverged([a, b]);
   });
 
-  it('two live services for one pair resolve to the smaller id on every agent', async () => {
+  it('two live services for one pair resolve to the later-created one on every agent', async () => {
     const [a, b, c] = cluster(3) as [Node, Node, Node];
-    // a and b each create a service from a to b, neither knowing of the other's.
+    // a and b each create a service from a to b, neither knowing of the other's (two allocators
+    // in a split); b's is created later.
     const fromA = await changes(a, () => a.config.create(serviceInput(a, b)));
+    b.clock.advance(5);
     const fromB = await changes(b, () => b.config.create(serviceInput(a, b)));
     const [idA, idB] = [(fromA[0]!.body as { id: string }).id, (fromB[0]!.body as { id: string }).id];
-    const [winner, loser] = idA < idB ? [idA, idB] : [idB, idA];
+    const [winner, loser] = [idB, idA];
     // The loser also got a route on its creator before it heard of the other service.
-    const loserNode = loser === idA ? a : b;
-    const loserRoute = await changes(loserNode, () =>
-      loserNode.config.addRoutes(loser, [{ priority: 3, dest_cidr: '10.3.0.0/16' }]),
+    const loserRoute = await changes(a, () =>
+      a.config.addRoutes(loser, [{ priority: 3, dest_cidr: '10.3.0.0/16' }]),
     );
     a.replica.apply([...fromB, ...loserRoute]);
     b.replica.apply([...fromA, ...loserRoute]);
@@ -681,6 +687,30 @@ describe('Replica: merge rules', { timeout: 60_000 }, () => {
     }
     assert.equal(antiEntropy([a, b, c]), 1);
     assertConverged([a, b, c]);
+  });
+
+  it('a service created after its pair was freed survives a replica that still holds the old one', async () => {
+    // The race a CI run hit: a deletes X and creates Y on the same pair at once; b hears of Y
+    // before X's deletion, c hears of the live X only after Y. Whatever the ids, Y is the write
+    // that was acknowledged last and must be live everywhere in the end.
+    for (let round = 0; round < 20; round++) {
+      const [a, b, c] = cluster(3) as [Node, Node, Node];
+      const createX = await changes(a, () => a.config.create(serviceInput(a, b)));
+      const x = (createX[0]!.body as { id: string }).id;
+      b.replica.apply(createX);
+      const deleteX = await changes(a, () => a.config.delete(x));
+      const createY = await changes(a, () => a.config.create(serviceInput(a, b)));
+      const y = (createY[0]!.body as { id: string }).id;
+      b.replica.apply(createY); // b still holds X live
+      b.replica.apply(deleteX);
+      c.replica.apply(createY); // c has never heard of X
+      c.replica.apply(createX);
+      for (const node of [a, b, c])
+        assert.deepEqual(ids(node), [y], `round ${round}, ${node.identity.peerId}`);
+      antiEntropy([a, b, c]);
+      assertConverged([a, b, c]);
+      for (const node of [a, b, c]) assert.deepEqual(ids(node), [y], `round ${round}, after anti-entropy`);
+    }
   });
 
   it('a removed-peer tombstone deletes the peer’s services and their routes', async () => {

@@ -6,8 +6,12 @@
  * - A child whose parent is missing or deleted (a service without its peers, a route without its
  *   service) is not stored; if it is real, anti-entropy offers it again after its parent.
  *   Deleting a parent deletes its children locally without tombstones of their own.
- * - Two live services for one (source, target) pair (two allocators in a split): the one with the
- *   smaller id stays; the other becomes a tombstone at its own stamp.
+ * - Two live services for one (source, target) pair: the one created later (greater creation
+ *   stamp) stays; the other becomes a tombstone at its own stamp. Later, not earlier: the pair
+ *   is also "held twice" where a deleted service's tombstone has not arrived yet but its
+ *   successor on the pair has, and the successor is always the later one (its creator or the
+ *   allocator had seen the deletion, and the hybrid clock orders causally). A real conflict
+ *   (two allocators in a split) has no such order; the later creation wins there too.
  * - A tombstone of this agent's own peer (another agent removed us) is not applied: this agent
  *   keeps its row, and the others refuse its messages from then on.
  * - Tombstones leave the digest `tombstoneHorizonMs` after their write, everywhere at once, and
@@ -102,7 +106,10 @@ export class Replica {
         if (!p.vkey) this.store.updatePeer({ ...p, vkey: this.nextVkey(undefined, peerRank(p)) });
       }
       for (const s of this.store.services()) {
-        if (!s.vkey) this.store.updateService({ ...s, vkey: this.nextVkey(undefined, LIVE_RANK) });
+        if (!s.vkey) {
+          const vkey = this.nextVkey(undefined, LIVE_RANK);
+          this.store.updateService({ ...s, vkey, createdStamp: parseVkey(vkey)!.stamp });
+        }
         for (const r of this.store.routesOf(s.id)) {
           if (!r.vkey) this.store.updateRoute({ ...r, vkey: this.nextVkey(undefined, LIVE_RANK) });
         }
@@ -280,14 +287,15 @@ export class Replica {
         }
         if (!this.store.peer(service.sourcePeerId) || !this.store.peer(service.targetPeerId))
           return undefined;
-        const rival = this.store.serviceIdForPair(service.sourcePeerId, service.targetPeerId);
-        if (rival !== undefined && rival !== service.id) {
-          if (rival < service.id) return this.applyOne(asTombstone(r));
-          const rivalVkey = this.store.service(rival)!.vkey;
-          this.store.deleteService(rival);
+        const rivalId = this.store.serviceIdForPair(service.sourcePeerId, service.targetPeerId);
+        const rival =
+          rivalId === undefined || rivalId === service.id ? undefined : this.store.service(rivalId);
+        if (rival) {
+          if (createdLater(rival, service)) return this.applyOne(asTombstone(r));
+          this.store.deleteService(rival.id);
           this.store.putTombstone({
-            key: keyOf('service', rival),
-            vkey: tombstoneVkey(rivalVkey),
+            key: keyOf('service', rival.id),
+            vkey: tombstoneVkey(rival.vkey),
             arrivedAt: nowMs,
           });
         }
@@ -390,6 +398,7 @@ export function serviceRecord(s: ServiceRecord): WireRecord {
     version: s.version,
     created_at: s.createdAt,
     updated_at: s.updatedAt,
+    created_stamp: s.createdStamp,
   };
   return { key: keyOf('service', s.id), vkey: s.vkey, body: { ...body } };
 }
@@ -409,7 +418,14 @@ function fromServiceBody(b: ServiceBody, vkey: string): ServiceRecord {
     createdAt: b.created_at,
     updatedAt: b.updated_at,
     vkey,
+    createdStamp: b.created_stamp,
   };
+}
+
+/** Whether `a` was created after `b` (stamps are unique per write; ids settle the impossible tie). */
+function createdLater(a: ServiceRecord, b: ServiceRecord): boolean {
+  if (a.createdStamp !== b.createdStamp) return a.createdStamp > b.createdStamp;
+  return a.id > b.id;
 }
 
 export function routeRecord(r: RouteRecord): WireRecord {

@@ -55,6 +55,7 @@ const serviceRow = (over: Partial<ServiceRecord> = {}): ServiceRecord => ({
   createdAt: T,
   updatedAt: T,
   vkey: vk(LIVE_RANK),
+  createdStamp: stamp(),
   ...over,
 });
 

@@ -111,6 +111,8 @@ export interface ServiceBody {
   version: number;
   created_at: string;
   updated_at: string;
+  /** Hybrid-clock stamp of the creating write (ServiceRecord.createdStamp). */
+  created_stamp: string;
 }
 
 export interface RouteBody {
@@ -184,6 +186,7 @@ const SERVICE_FIELDS: Record<string, Check> = {
   version: int,
   created_at: time,
   updated_at: time,
+  created_stamp: (v) => str(v) && decodeStamp(v as string) !== undefined,
 };
 const ROUTE_FIELDS: Record<string, Check> = {
   id: (v) => Number.isSafeInteger(v) && (v as number) >= 1,

@@ -18,9 +18,9 @@ import {
 } from '../domain/service-rules.js';
 import type { RouteRecord, ServiceRecord, TransportType } from '../store/records.js';
 import type { ServiceFilter, Store } from '../store/store.js';
-import type { Admission } from './allocator.js';
+import type { Admission, ServiceClaim } from './allocator.js';
 import type { Replica } from './replica.js';
-import { DELETED_RANK, keyOf, LIVE_RANK } from './replicated-records.js';
+import { DELETED_RANK, keyOf, LIVE_RANK, parseVkey } from './replicated-records.js';
 
 export interface ServiceCreate {
   target_peer_id: string;
@@ -86,7 +86,7 @@ export class ServiceConfig {
     };
     const cidrs = checkService(shape);
     const now = isoTime(this.clock.now());
-    const record: ServiceRecord = {
+    const unstamped = {
       id: newServiceId(),
       ...shape,
       ...cidrs,
@@ -95,11 +95,14 @@ export class ServiceConfig {
       version: 1,
       createdAt: now,
       updatedAt: now,
-      vkey: this.replica.nextVkey(undefined, LIVE_RANK),
     };
     // The local checks first, so that what this agent can already refuse costs no round trip.
-    this.checkCreate(record, state.license.max_services);
-    await this.admission.admitService(record);
+    this.checkCreate(unstamped, state.license.max_services);
+    await this.admission.admitService(unstamped);
+    // Stamped only after admission: the allocator's answer moved our hybrid clock past every
+    // deletion it had seen, so this service sorts after any earlier holder of the pair.
+    const vkey = this.replica.nextVkey(undefined, LIVE_RANK);
+    const record: ServiceRecord = { ...unstamped, vkey, createdStamp: parseVkey(vkey)!.stamp };
     return this.store.transaction(() => {
       this.checkCreate(record, state.license.max_services);
       this.store.insertService(record);
@@ -107,7 +110,7 @@ export class ServiceConfig {
     });
   }
 
-  private checkCreate(record: ServiceRecord, maxServices: number): void {
+  private checkCreate(record: ServiceClaim, maxServices: number): void {
     if (!this.store.peer(record.targetPeerId)) throw notFound(`target peer ${record.targetPeerId} not found`);
     if (!this.store.peer(record.sourcePeerId)) throw notFound(`source peer ${record.sourcePeerId} not found`);
     if (this.store.serviceIdForPair(record.sourcePeerId, record.targetPeerId)) {

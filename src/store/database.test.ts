@@ -3,6 +3,7 @@ import { existsSync, mkdtempSync, readdirSync, statSync, writeFileSync } from 'n
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, it } from 'node:test';
+import Database from 'better-sqlite3';
 import { openDatabase, schemaVersion } from './database.js';
 import { loadOrCreateSecretFile, removeStaleTempFiles, writeFileAtomic } from './key-files.js';
 import { MIGRATIONS } from './migrations.js';
@@ -19,6 +20,30 @@ describe('database', () => {
     const again = openDatabase(file);
     assert.equal(schemaVersion(again), MIGRATIONS.length);
     again.close();
+  });
+
+  it('migration 4 gives each replicated service its current stamp as creation stamp', () => {
+    const file = join(mkdtempSync(join(tmpdir(), 'db-')), 'c.db');
+    const db = new Database(file);
+    for (const sql of MIGRATIONS.slice(0, 3)) db.exec(sql);
+    db.pragma('user_version = 3');
+    const t = '2026-01-01T00:00:00.000Z';
+    db.exec(`INSERT INTO peers (id, public_key, address, created_at, updated_at) VALUES
+      ('a', 'ka', 'h:1', '${t}', '${t}'), ('b', 'kb', 'h:2', '${t}', '${t}'), ('c', 'kc', 'h:3', '${t}', '${t}')`);
+    const stamp = '0193a8c2f1e0.000002.ab12';
+    db.exec(`INSERT INTO services (id, source_peer_id, target_peer_id, transport_type, requires_interface,
+      fully_transparent, bandwidth_limit_mbps, created_at, updated_at, vkey) VALUES
+      ('s1', 'a', 'b', 'tcp', 0, 0, 0, '${t}', '${t}', '000000.00000000.${stamp}'),
+      ('s2', 'a', 'c', 'tcp', 0, 0, 0, '${t}', '${t}', '')`);
+    db.close();
+    const migrated = openDatabase(file);
+    const rows = migrated.prepare('SELECT id, created_stamp FROM services ORDER BY id').all();
+    // A row never stamped keeps '' here; Replica.init() stamps it and its creation together.
+    assert.deepEqual(rows, [
+      { id: 's1', created_stamp: stamp },
+      { id: 's2', created_stamp: '' },
+    ]);
+    migrated.close();
   });
 
   it('refuses a database made by a newer agent', () => {

@@ -122,4 +122,11 @@ export const MIGRATIONS: readonly string[] = [
     FROM cluster_secrets;
   DROP TABLE cluster_secrets;
   `,
+  // 4: the creation stamp of each service (hybrid clock), which decides between two live services
+  // on one pair. Rows replicated before it take their current stamp (the vkey's third part,
+  // after "epoch.ordinal."); rows without a vkey yet get one, and this, from Replica.init().
+  `
+  ALTER TABLE services ADD COLUMN created_stamp TEXT NOT NULL DEFAULT '';
+  UPDATE services SET created_stamp = substr(vkey, 17) WHERE vkey <> '';
+  `,
 ];

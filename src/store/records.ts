@@ -73,6 +73,12 @@ export interface ServiceRecord {
   createdAt: string;
   updatedAt: string;
   vkey: string;
+  /**
+   * The hybrid-clock stamp of the write that created the service; never changes. Two live
+   * services on one pair keep the later-created one (replica.ts), which needs a creation order
+   * that holds across hosts whose wall clocks disagree.
+   */
+  createdStamp: string;
 }
 
 export interface RouteRecord {

@@ -71,6 +71,7 @@ describe('Store reads from its snapshot', () => {
       createdAt: T,
       updatedAt: T,
       vkey: '',
+      createdStamp: '',
     });
     s.insertRoute({
       id: 7,

@@ -43,6 +43,7 @@ interface ServiceRow {
   created_at: string;
   updated_at: string;
   vkey: string;
+  created_stamp: string;
 }
 
 interface RouteRow {
@@ -104,6 +105,7 @@ const toService = (r: ServiceRow): ServiceRecord => ({
   createdAt: r.created_at,
   updatedAt: r.updated_at,
   vkey: r.vkey,
+  createdStamp: r.created_stamp,
 });
 
 const serviceParams = (s: ServiceRecord) => ({
@@ -241,9 +243,11 @@ export class Store {
       ),
       upsertService: db.prepare(
         `INSERT INTO services (id, source_peer_id, target_peer_id, transport_type, requires_interface,
-           desired_ipv4_cidr, desired_ipv6_cidr, fully_transparent, bandwidth_limit_mbps, version, created_at, updated_at, vkey)
+           desired_ipv4_cidr, desired_ipv6_cidr, fully_transparent, bandwidth_limit_mbps, version, created_at, updated_at, vkey,
+           created_stamp)
          VALUES (@id, @sourcePeerId, @targetPeerId, @transportType, @requiresInterface, @desiredIpv4Cidr,
-           @desiredIpv6Cidr, @fullyTransparent, @bandwidthLimitMbps, @version, @createdAt, @updatedAt, @vkey)
+           @desiredIpv6Cidr, @fullyTransparent, @bandwidthLimitMbps, @version, @createdAt, @updatedAt, @vkey,
+           @createdStamp)
          ON CONFLICT (id) DO UPDATE SET requires_interface = excluded.requires_interface,
            desired_ipv4_cidr = excluded.desired_ipv4_cidr, desired_ipv6_cidr = excluded.desired_ipv6_cidr,
            bandwidth_limit_mbps = excluded.bandwidth_limit_mbps, version = excluded.version,
@@ -273,14 +277,17 @@ export class Store {
       serviceCount: db.prepare('SELECT count(*) AS n FROM services'),
       insertService: db.prepare(
         `INSERT INTO services (id, source_peer_id, target_peer_id, transport_type, requires_interface,
-           desired_ipv4_cidr, desired_ipv6_cidr, fully_transparent, bandwidth_limit_mbps, version, created_at, updated_at, vkey)
+           desired_ipv4_cidr, desired_ipv6_cidr, fully_transparent, bandwidth_limit_mbps, version, created_at, updated_at, vkey,
+           created_stamp)
          VALUES (@id, @sourcePeerId, @targetPeerId, @transportType, @requiresInterface, @desiredIpv4Cidr,
-           @desiredIpv6Cidr, @fullyTransparent, @bandwidthLimitMbps, @version, @createdAt, @updatedAt, @vkey)`,
+           @desiredIpv6Cidr, @fullyTransparent, @bandwidthLimitMbps, @version, @createdAt, @updatedAt, @vkey,
+           @createdStamp)`,
       ),
       updateService: db.prepare(
         `UPDATE services SET requires_interface = @requiresInterface, desired_ipv4_cidr = @desiredIpv4Cidr,
            desired_ipv6_cidr = @desiredIpv6Cidr, bandwidth_limit_mbps = @bandwidthLimitMbps,
-           version = @version, updated_at = @updatedAt, vkey = @vkey WHERE id = @id`,
+           version = @version, updated_at = @updatedAt, vkey = @vkey, created_stamp = @createdStamp
+         WHERE id = @id`,
       ),
       deleteService: db.prepare('DELETE FROM services WHERE id = ?'),
       routesOf: db.prepare('SELECT * FROM routes WHERE service_id = ? ORDER BY priority, id'),
