@@ -42,12 +42,20 @@ async function serve(argv: string[]): Promise<void> {
     keyTexts.push(dev.publicPem);
     banner = devBanner(opts.publicUrl, dev.bootstrapBodyFile);
   }
-  let licenseKeys: ReturnType<typeof parseLicensePublicKey>[];
-  try {
-    licenseKeys = keyTexts.map(parseLicensePublicKey);
-  } catch (err) {
-    throw new UsageError(`--license-public-key: ${(err as Error).message}`);
-  }
+  const licenseKeys = keyTexts.map((text, i) => {
+    try {
+      return parseLicensePublicKey(text);
+    } catch (err) {
+      // A path that existsSync cannot see (missing, or a directory the service user may not
+      // enter) arrives here as its own text: say so, or the operator hunts a bad key.
+      const given = opts.licensePublicKeys[i];
+      const hint =
+        given !== undefined && text === given && given.includes('/')
+          ? ` (if ${given} is a file: it is missing or this user cannot read it)`
+          : '';
+      throw new UsageError(`--license-public-key: ${(err as Error).message}${hint}`);
+    }
+  });
   // Loaded here, not at the top: the license commands need none of the agent (Fastify, SQLite).
   const { startAgent } = await import('../agent.js');
   const agent = await startAgent({
