@@ -22,6 +22,8 @@ const USAGE = `usage:
                    [--license-public-key FILE-or-BASE64]... [--tls-cert FILE --tls-key FILE]
                    [--public-url URL] [--dataplane on|off|auto] [--macvlan-parent IFACE]
                    [--dev] [--metrics-public] [--log-level LEVEL] [--gossip-interval-ms MS]
+                   [--kcp KEY=N,...]   (KCP engine: mtu, interval, nodelay, resend, nc, sndwnd,
+                                        rcvwnd, minrto; docs/kcp.md)
                    [--test-hooks]   (tests only: movable clock and gossip faults over the API)
   mesh-agent license keygen --out DIR [--force]
   mesh-agent license sign --key FILE --customer-id C --license-id L --max-nodes N
