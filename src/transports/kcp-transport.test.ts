@@ -380,13 +380,23 @@ describe('kcp transport', { timeout: 180_000 }, () => {
       worst = Math.max(worst, inWindow);
     }
     const stats = p.a.kcpStats(p.pb.id)!;
+    // Pacing holds new data; retransmissions are not paced (kcp-transport.ts): an RTO that fires
+    // spuriously while these loaded cores stall the receiver resends its segments at once. A CI
+    // run saw a window 135 kB over the bound. So the bound allows what was retransmitted.
+    const largest = Math.max(...arrivals.map(([, n]) => n));
+    const resent = stats.retransmissions * largest;
     console.log(
-      `# paced at ${RATE / 1e6} MB/s: ${(rate / 1e6).toFixed(2)} MB/s of datagrams on average, worst 500 ms ${(worst / 0.5 / 1e6).toFixed(2)} MB/s, ${stats.pacingWaits} waits`,
+      `# paced at ${RATE / 1e6} MB/s: ${(rate / 1e6).toFixed(2)} MB/s of datagrams on average, worst 500 ms ${(worst / 0.5 / 1e6).toFixed(2)} MB/s, ${stats.pacingWaits} waits, ${stats.retransmissions} retransmissions`,
     );
     // Datagram bytes include 24 B KCP + 29 B seal + 1 B type per ~1326 B: ~4 %; plus acks' share.
-    assert.ok(rate <= RATE * 1.1, `average ${rate} B/s`);
+    assert.ok(rate <= RATE * 1.1 + resent / (ms / 1000), `average ${rate} B/s`);
     assert.ok(rate >= RATE * 0.7, `not far below the cap either (${rate} B/s)`);
-    assert.ok(worst <= RATE * 0.5 * 1.2 + 64 * 1024, `worst 500 ms window ${worst} B`);
+    assert.ok(
+      worst <= RATE * 0.5 * 1.2 + 64 * 1024 + resent,
+      `worst 500 ms window ${worst} B (${stats.retransmissions} retransmissions)`,
+    );
+    // Without a stall nothing is resent; a run that resent a large share measured nothing.
+    assert.ok(resent < 6_000_000 * 0.1, `${stats.retransmissions} retransmissions`);
     assert.ok(stats.pacingWaits > 0);
     assert.equal(stats.pacingRateBytesPerSec, RATE);
     await p.close();
