@@ -403,6 +403,8 @@ export const HandshakePeerInfoSchema = Type.Object({
   oldest_peer_created_at: Type.String({ format: 'date-time' }),
   active_peer_ids: Type.Array(Type.String({ maxLength: 256 }), { maxItems: 10_000 }),
   service_count: Type.Integer({ minimum: 0 }),
+  name: Type.Optional(Type.String({ maxLength: 255 })),
+  version: Type.Optional(Type.Integer({ minimum: 1 })),
 });
 
 export const HelloBody = Type.Object({

@@ -55,6 +55,12 @@ export interface HandshakePeerInfo {
   active_peer_ids: string[];
   /** Services of its cluster: a merge must fit max_services too (DECISIONS §5). */
   service_count: number;
+  /**
+   * The agent's own peer name and record version, so that the row the other side writes for it
+   * keeps them (that write sorts after the agent's own record). Absent from older agents.
+   */
+  name?: string;
+  version?: number;
 }
 
 export interface HelloRequest {

@@ -441,6 +441,8 @@ export class Peers {
       oldest_peer_created_at: oldest.createdAt,
       active_peer_ids: [...this.store.activePeerIds()],
       service_count: this.store.serviceCount(),
+      name: self.name,
+      version: self.version,
     };
   }
 
@@ -477,17 +479,27 @@ export class Peers {
     }
   }
 
+  /**
+   * The other side's peer row as this agent first writes it, with the name and version the other
+   * side announced for itself in the signed handshake: this fresh write sorts after the peer's
+   * own record, so a row made up here would undo its `--name` and any earlier rename.
+   */
   private newRemotePeer(info: HandshakePeerInfo, address: string): PeerRecord {
     const now = isoTime(this.clock.now());
     // A peer removed before and now added again starts an epoch above its tombstone.
     const removed = this.store.tombstone(keyOf('peer', info.peer_id));
+    const named =
+      typeof info.name === 'string' &&
+      info.name.length <= 255 &&
+      Number.isSafeInteger(info.version) &&
+      info.version! >= 1;
     return {
       id: info.peer_id,
-      name: '',
+      name: named ? info.name! : '',
       publicKey: info.public_key,
       address,
       isActive: true,
-      version: 1,
+      version: named ? info.version! : 1,
       deactivatedAt: null,
       createdAt: isoTime(Date.parse(info.created_at)),
       updatedAt: now,

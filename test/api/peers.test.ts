@@ -137,7 +137,7 @@ describe('peers and cluster API', () => {
   describe('PUT /v1/peers/{id}', () => {
     it('renames a peer: only the name changes and version rises', async () => {
       const before = (await getPeer(b.peerId)).body;
-      assert.equal(before.name, '');
+      assert.equal(before.name, 'test', 'the name b was bootstrapped with, kept by the join');
       const res = await api().put(`/v1/peers/${b.peerId}`, {
         token: peersWrite,
         json: { name: 'branch office' },

@@ -31,12 +31,12 @@ describe('peer handshake', () => {
     for (const x of [a, b, c]) if (x) assert.equal(await x.agent.stop(), 0);
   });
 
-  it('adds a peer: both agents then list each other, the new one with an empty name', async () => {
+  it('adds a peer: both agents then list each other, the new one with the name it was bootstrapped with', async () => {
     const res = await a.agent.client.post('/v1/peers', { token: a.token, json: { address: addressOf(b) } });
     assert.equal(res.status, 201, res.text);
     assert.equal(res.body.id, b.peerId);
     assert.equal(res.body.is_local, false);
-    assert.equal(res.body.name, '');
+    assert.equal(res.body.name, 'test'); // bootstrapAgent's name
     assert.equal(res.body.address, addressOf(b));
     assert.deepEqual(await peerIds(a), [a.peerId, b.peerId].sort());
     assert.deepEqual(await peerIds(b), [a.peerId, b.peerId].sort());
@@ -53,6 +53,48 @@ describe('peer handshake', () => {
     assert.ok((await peerIds(a)).includes(c.peerId));
     assert.ok((await peerIds(c)).includes(a.peerId));
     assert.equal(await clusterIdOf(a), await clusterIdOf(c));
+  });
+
+  it('keeps both peers’ names and versions through a join (an operator walk-through found them wiped)', async () => {
+    const [d, e] = await Promise.all([startNode(vendor), startNode(vendor)]);
+    try {
+      const rename = async (n: Node, name: string) => {
+        const res = await n.agent.client.put(`/v1/peers/${n.peerId}`, { token: n.token, json: { name } });
+        assert.equal(res.status, 200, res.text);
+      };
+      await rename(d, 'site-d');
+      await rename(e, 'first-name');
+      await rename(e, 'site-e');
+      const added = await d.agent.client.post('/v1/peers', {
+        token: d.token,
+        json: { address: addressOf(e) },
+      });
+      assert.equal(added.status, 201, added.text);
+      assert.equal(added.body.name, 'site-e');
+      const expected = [
+        { id: d.peerId, name: 'site-d', version: 2 },
+        { id: e.peerId, name: 'site-e', version: 3 },
+      ].sort((x, y) => x.id.localeCompare(y.id));
+      const view = async (n: Node) => {
+        const res = await n.agent.client.get('/v1/peers', { token: n.token });
+        return (res.body as { id: string; name: string; version: number }[])
+          .map(({ id, name, version }) => ({ id, name, version }))
+          .sort((x, y) => x.id.localeCompare(y.id));
+      };
+      assert.deepEqual(await view(d), expected);
+      assert.deepEqual(await view(e), expected);
+      // Anti-entropy both ways changes nothing.
+      for (const n of [d, e]) {
+        assert.equal(
+          (await n.agent.client.post('/v1/cluster/sync', { token: n.token, json: {} })).status,
+          200,
+        );
+      }
+      assert.deepEqual(await view(d), expected);
+      assert.deepEqual(await view(e), expected);
+    } finally {
+      for (const x of [d, e]) assert.equal(await x.agent.stop(), 0);
+    }
   });
 
   it('refuses re-adding a known address or peer: 409 ALREADY_EXISTS', async () => {
