@@ -212,6 +212,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
         replica,
         allocator,
         (peerId) => engine.joined(peerId),
+        (peer, tombstone) => engine.removed(peer, tombstone),
       ),
       sync: async () => {
         await engine.syncNow();

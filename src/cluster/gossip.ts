@@ -86,6 +86,13 @@ class GossipRefused extends Error {
   }
 }
 
+/** The peer answered, but its reply did not open (e.g. `unknown_sender`: we removed its key). */
+class InvalidReply extends Error {
+  constructor(readonly reason: string) {
+    super(`invalid reply: ${reason}`);
+  }
+}
+
 export class Gossip {
   private readonly fd: FailureDetector;
   private readonly replay = new ReplayGuard();
@@ -169,6 +176,28 @@ export class Gossip {
         await this.antiEntropy(p).catch(() => undefined);
       }),
     );
+  }
+
+  /**
+   * A peer was just removed here (DELETE /v1/peers/{id}): tell it, since from now on every agent
+   * refuses its messages unanswered and it would never learn why. One push of its own tombstone,
+   * tried up to three times 5 s apart, to the address it had; it then reports its removal
+   * (/readyz, the log). A peer that is down through all three learns nothing (docs/gossip.md).
+   */
+  removed(peer: PeerRecord, tombstone: WireRecord): void {
+    const attempt = async (left: number): Promise<void> => {
+      try {
+        await this.request(peer, 'push', { records: [tombstone], rumors: [] }, this.slowTimeout());
+      } catch (err) {
+        // It answered: a reply we cannot open only because its key is gone with its row.
+        if (err instanceof InvalidReply && err.reason === 'unknown_sender') return;
+        if (left > 1 && this.running) {
+          await new Promise((resolve) => setTimeout(resolve, 5000).unref());
+          return attempt(left - 1);
+        }
+      }
+    };
+    void attempt(3);
   }
 
   /** A peer just joined by a handshake: exchange whole states with it now. */
@@ -516,7 +545,7 @@ export class Gossip {
     if (Math.random() < this.faults.loss) throw new Error('reply dropped by the fault switch (test hooks)');
     metrics.bytes.labels('received').inc(JSON.stringify(reply.body).length);
     const opened = this.open(reply.body);
-    if (!opened.ok) throw new Error(`invalid reply: ${opened.reason}`);
+    if (!opened.ok) throw new InvalidReply(opened.reason);
     const p = opened.payload;
     if (p.from !== peer.id || p.re !== nonce || p.type !== `${type}-reply`) {
       this.deps.metrics.rejected.labels('malformed').inc();

@@ -83,6 +83,8 @@ export class Peers {
     private readonly admission: Admission,
     /** Told of every peer that joined by a handshake, so gossip can sync with it at once. */
     private readonly onJoined: (peerId: string) => void = () => {},
+    /** A remote peer was removed here: the gossip engine tells it (Gossip.removed). */
+    private readonly onRemoved: (peer: PeerRecord, tombstone: WireRecord) => void = () => {},
   ) {}
 
   // --- initiator ---------------------------------------------------------------------------
@@ -322,7 +324,7 @@ export class Peers {
 
   /** Removes a remote peer and every service that involves it. */
   remove(id: string): void {
-    this.store.transaction(() => {
+    const { peer, tombstone } = this.store.transaction(() => {
       const state = this.requireState();
       const peer = this.store.peer(id);
       if (!peer) throw notFound(`no peer with id ${id}`);
@@ -334,12 +336,11 @@ export class Peers {
       }
       this.store.deletePeer(id);
       // The tombstone keeps anti-entropy from bringing the peer back (DECISIONS §5).
-      this.store.putTombstone({
-        key: keyOf('peer', id),
-        vkey: this.replica.nextVkey(peer.vkey, PEER_RANK.removed),
-        arrivedAt: this.clock.now(),
-      });
+      const tombstone = { key: keyOf('peer', id), vkey: this.replica.nextVkey(peer.vkey, PEER_RANK.removed) };
+      this.store.putTombstone({ ...tombstone, arrivedAt: this.clock.now() });
+      return { peer, tombstone: { ...tombstone, body: null } };
     });
+    this.onRemoved(peer, tombstone);
   }
 
   /** DELETE /v1/peers/self: final for this agent; repeated calls answer the same. */

@@ -414,6 +414,15 @@ describe('peers and cluster API', () => {
         'NOT_FOUND',
         'routes',
       );
+      // The removed agent is told (one signed push of its tombstone) and says so on /readyz.
+      const deadline = Date.now() + 10_000;
+      let ready = await b.agent.client.get('/readyz');
+      while (ready.status === 200 && Date.now() < deadline) {
+        await new Promise((r) => setTimeout(r, 100));
+        ready = await b.agent.client.get('/readyz');
+      }
+      assert.equal(ready.status, 503, ready.text);
+      assert.deepEqual(ready.body.reasons, ['another agent removed this one from the cluster']);
       // Removed once: now unknown.
       assertError(await api().delete(`/v1/peers/${b.peerId}`, { token: a.token }), 404, 'NOT_FOUND', 'again');
       assertError(
