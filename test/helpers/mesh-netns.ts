@@ -9,6 +9,7 @@ import type { ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { AgentProcess } from './agent-process.js';
 import { eventually } from './cluster.js';
+import { exclusive } from './exclusive.js';
 import { makeVendor } from './licenses.js';
 import { IP, spawnIn, type Topology, topologyUp } from './netns-topology.js';
 import { bootstrapNode, type Node } from './nodes.js';
@@ -52,7 +53,15 @@ export async function meshNetnsUp(
   index: number,
   opts: { readOnlySysctls?: Role[]; prepare?: (topo: Topology) => Promise<void> } = {},
 ): Promise<MeshNetns> {
-  const topo = await topologyUp(prefix, index, { secondExit: true });
+  // One traffic suite at a time: their throughput figures must not share the cores (exclusive.ts).
+  const release = await exclusive('mesh-netns', 240_000);
+  let topo: Topology;
+  try {
+    topo = await topologyUp(prefix, index, { secondExit: true });
+  } catch (err) {
+    release();
+    throw err;
+  }
   const vendor = makeVendor();
   const agents: Node[] = [];
   let server: ChildProcess | undefined;
@@ -61,9 +70,13 @@ export async function meshNetnsUp(
     topo,
     destLog: () => log,
     async down() {
-      await Promise.all(agents.map((n) => n.agent.stop()));
-      server?.kill('SIGKILL');
-      await topo.down();
+      try {
+        await Promise.all(agents.map((n) => n.agent.stop()));
+        server?.kill('SIGKILL');
+        await topo.down();
+      } finally {
+        release();
+      }
     },
   };
   try {
