@@ -191,6 +191,12 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       }
       const readyReasons = stopping ? ['the agent is shutting down'] : [];
       if (replica.removedFromCluster) readyReasons.push('another agent removed this one from the cluster');
+      const state = store.agentState();
+      if (state && store.peer(state.localPeerId)?.isActive === false) {
+        readyReasons.push(
+          'this agent left the cluster (DELETE /v1/peers/self, final): it carries no traffic; to bring the host back, empty its data directory, bootstrap it and add it again',
+        );
+      }
       if (data) readyReasons.push(...data.missing.map((r) => `data plane: ${r}`));
       if (data?.dataplane) readyReasons.push(...data.dataplane.problems().map((r) => `data plane: ${r}`));
       return { liveReasons, readyReasons };

@@ -13,6 +13,8 @@ import { assertError, withoutLiveness } from '../helpers/api-assertions.js';
 import { makeVendor } from '../helpers/licenses.js';
 import { bootstrapNode, type Node, scopedToken } from '../helpers/nodes.js';
 
+const LEFT_REASON =
+  'this agent left the cluster (DELETE /v1/peers/self, final): it carries no traffic; to bring the host back, empty its data directory, bootstrap it and add it again';
 const TIMESTAMP = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$/;
 const PEER_FIELDS = ['address', 'created_at', 'id', 'is_local', 'name', 'public_key'];
 const PEER_EXTRA_FIELDS = ['deactivated_at', 'is_active', 'version'];
@@ -494,6 +496,10 @@ describe('peers and cluster API', () => {
       assert.equal(self.deactivated_at, res.body.deactivated_at);
       assert.equal(self.version, res.body.version);
       assert.equal(self.is_local, true);
+      // It keeps serving its API (reads), but is no longer ready: leaving is final.
+      const ready = await a.agent.client.get('/readyz');
+      assert.equal(ready.status, 503, ready.text);
+      assert.deepEqual(ready.body.reasons, [LEFT_REASON]);
 
       // Services that involve this peer are inactive (list and single form); the others are not.
       const after = await services();
