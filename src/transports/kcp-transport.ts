@@ -70,7 +70,7 @@ import {
   type VerifySignature,
 } from './kcp/secure-datagram.js';
 import type { PeerDirectory, TransportLogger, TunnelMessage } from './tunnel.js';
-import { type Link, type LinkSink, TunnelKeeper } from './tunnel-keeper.js';
+import { type Link, type LinkSink, SinkSlot, TunnelKeeper } from './tunnel-keeper.js';
 
 export const MSG_DATA = 1;
 export const MSG_PING = 2;
@@ -621,12 +621,9 @@ export class KcpTransport extends TunnelKeeper {
 /** One connection: a KCP session over the peer's secure session, with keepalive and pacing. */
 class KcpLink implements Link {
   private readonly kcp: KcpSession;
-  private sink: LinkSink | undefined;
-  private held: TunnelMessage[] = [];
-  private finished = false;
+  private readonly slot = new SinkSlot();
   /** Never registered nor handed out (its first datagram was refused). */
   discarded = false;
-  private early: { reason?: 'dead'; detail: string } | undefined;
   /** Messages (type byte included) not yet in the engine. */
   private queue: Buffer[] = [];
   private queueHead = 0;
@@ -678,17 +675,11 @@ class KcpLink implements Link {
   // ----------------------------------------------------------------------------- Link
 
   open(sink: LinkSink): void {
-    if (this.finished) {
-      sink.closed(this.early?.reason, this.early?.detail);
-      return;
-    }
-    this.sink = sink;
-    const held = this.held;
-    this.held = [];
-    for (const message of held) {
-      if (this.sink !== sink) return;
-      sink.message(message);
-    }
+    this.slot.open(sink);
+  }
+
+  private get finished(): boolean {
+    return this.slot.ended;
   }
 
   send(messages: readonly TunnelMessage[]): boolean {
@@ -716,8 +707,7 @@ class KcpLink implements Link {
   close(): void {
     if (this.finished) return;
     this.sendClose();
-    this.finished = true;
-    this.sink = undefined;
+    this.slot.detach();
     this.teardown();
   }
 
@@ -750,7 +740,7 @@ class KcpLink implements Link {
   /** Dropped before it was ever handed out (its first datagram was refused). */
   discard(): void {
     this.discarded = true;
-    this.finished = true;
+    this.slot.detach();
     this.teardown();
   }
 
@@ -785,7 +775,7 @@ class KcpLink implements Link {
     if (this.finished) return;
     if (this.wantDrain && this.queuedBytes <= this.timing.highWaterMark / 2) {
       this.wantDrain = false;
-      this.sink?.drain();
+      this.slot.drain();
     }
     this.arm(now);
   }
@@ -805,8 +795,7 @@ class KcpLink implements Link {
       const type = message[0];
       if (type === MSG_DATA) {
         const payload = message.subarray(1);
-        if (this.sink) this.sink.message(payload);
-        else this.held.push(payload);
+        this.slot.message(payload);
         if (this.finished) return;
       } else if (type === MSG_PING && message.length === PING_BYTES) {
         const pong = Buffer.from(message);
@@ -815,7 +804,7 @@ class KcpLink implements Link {
       } else if (type === MSG_PONG && message.length === PING_BYTES) {
         const rtt = now - message.readDoubleBE(1);
         // A peer can only hurt its own figure, but keep nonsense out of it.
-        if (rtt >= 0 && rtt < 3_600_000) this.sink?.rtt(rtt);
+        if (rtt >= 0 && rtt < 3_600_000) this.slot.rtt(rtt);
       }
       // Unknown types: a newer peer's extension; ignored.
     }
@@ -960,18 +949,13 @@ class KcpLink implements Link {
   private finish(reason: 'dead' | undefined, detail: string): void {
     if (this.finished) return;
     if (reason === 'dead') this.sendClose();
-    this.finished = true;
-    const sink = this.sink;
-    this.sink = undefined;
-    if (sink) sink.closed(reason, detail);
-    else this.early = { ...(reason ? { reason } : {}), detail };
+    this.slot.end(reason, detail);
     this.teardown();
   }
 
   private teardown(): void {
     if (this.timer) clearTimeout(this.timer);
     this.timer = undefined;
-    this.held = [];
     this.queue = [];
     this.queueHead = 0;
     this.queuedBytes = 0;

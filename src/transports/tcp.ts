@@ -47,7 +47,7 @@ import {
   writePieces,
 } from './tunnel.js';
 import { certifiedKey, selfSignedCertificate } from './tunnel-certificate.js';
-import { type Link, type LinkSink, TunnelKeeper } from './tunnel-keeper.js';
+import { type Link, type LinkSink, SinkSlot, TunnelKeeper } from './tunnel-keeper.js';
 
 /** AES-GCM first: every x86 server this runs on has AES-NI, where it beats ChaCha20 (bench/transports). */
 export const DEFAULT_CIPHERSUITES =
@@ -320,11 +320,7 @@ class TcpLink implements Link {
   readonly accepted: Promise<void>;
   private acceptedState: 'waiting' | 'yes' = 'waiting';
   private settleAccepted: ((error?: Error) => void) | undefined;
-  private sink: LinkSink | undefined;
-  private held: TunnelMessage[] = [];
-  private finished = false;
-  /** Why it finished before open(), told to the sink when it opens. */
-  private early: { reason?: FaultReason; detail: string } | undefined;
+  private readonly slot = new SinkSlot();
   private readonly decoder: FrameDecoder;
   private lastReceivedAt = performance.now();
   private lastPingAt = performance.now();
@@ -373,27 +369,21 @@ class TcpLink implements Link {
     secure.on('drain', () => {
       if (!this.wantDrain || this.finished) return;
       this.wantDrain = false;
-      this.sink?.drain();
+      this.slot.drain();
     });
+  }
+
+  private get finished(): boolean {
+    return this.slot.ended;
   }
 
   /** The fault that ended it before it was opened, if any. */
   get endReason(): FaultReason | undefined {
-    return this.early?.reason;
+    return this.slot.endReason;
   }
 
   open(sink: LinkSink): void {
-    if (this.finished) {
-      sink.closed(this.early?.reason, this.early?.detail);
-      return;
-    }
-    this.sink = sink;
-    const held = this.held;
-    this.held = [];
-    for (const message of held) {
-      if (this.sink !== sink) return;
-      sink.message(message);
-    }
+    if (!this.slot.open(sink)) return;
     const { keepaliveIntervalMs, deadAfterMs } = this.timing;
     // Fine enough that death is noticed within a quarter of the shorter period of its deadline.
     this.tickMs = Math.max(5, Math.min(keepaliveIntervalMs, deadAfterMs) / 4);
@@ -412,8 +402,7 @@ class TcpLink implements Link {
 
   close(): void {
     if (this.finished) return;
-    this.finished = true;
-    this.sink = undefined;
+    this.slot.detach();
     this.teardown(new Error('closed'));
   }
 
@@ -432,8 +421,7 @@ class TcpLink implements Link {
       return;
     }
     if (type === FRAME_DATA) {
-      if (this.sink) this.sink.message(message);
-      else this.held.push(message);
+      this.slot.message(message);
       return;
     }
     // Control frames are never in pieces (FrameDecoder).
@@ -442,7 +430,7 @@ class TcpLink implements Link {
     else if (type === FRAME_PONG) {
       const rtt = performance.now() - payload.readDoubleBE(0);
       // A peer can only hurt its own figure, but keep nonsense out of it.
-      if (rtt >= 0 && rtt < 3_600_000) this.sink?.rtt(rtt);
+      if (rtt >= 0 && rtt < 3_600_000) this.slot.rtt(rtt);
     }
   }
 
@@ -471,18 +459,13 @@ class TcpLink implements Link {
 
   private finish(reason: FaultReason | undefined, detail: string): void {
     if (this.finished) return;
-    this.finished = true;
-    const sink = this.sink;
-    this.sink = undefined;
-    if (sink) sink.closed(reason, detail);
-    else this.early = { ...(reason ? { reason } : {}), detail };
+    this.slot.end(reason, detail);
     this.teardown(new Error(detail));
   }
 
   private teardown(error: Error): void {
     if (this.ticker) clearInterval(this.ticker);
     this.ticker = undefined;
-    this.held = [];
     this.decoder.stop('closed');
     this.settleAccepted?.(error);
     this.settleAccepted = undefined;

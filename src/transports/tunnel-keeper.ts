@@ -4,7 +4,8 @@
  * side waits), adopting inbound connections from active peers (a newer connection replaces an
  * older one), the directory checks, counters, drop-while-down, the drain promise and the events.
  * A transport supplies authenticated Links: connect() for the dialing side, adopt() for inbound
- * ones. Used by src/transports only (tcp.ts, memory.ts).
+ * ones. SinkSlot is the sink end both real links (tcp.ts, kcp-transport.ts) keep. Used by
+ * src/transports only (tcp.ts, kcp-transport.ts, memory.ts).
  */
 import { EventEmitter } from 'node:events';
 import { Backoff, type BackoffOptions } from './backoff.js';
@@ -30,6 +31,76 @@ export interface LinkSink {
   rtt(ms: number): void;
   /** Exactly once, as soon as the link knows it is finished; a fault reason if it was one. */
   closed(reason?: FaultReason, detail?: string): void;
+}
+
+/**
+ * A link's end toward its sink, the same in every transport: messages that arrive before the
+ * keeper opens the link are held, and an end that comes first is kept, until open() hands them
+ * over; after the end the sink hears nothing more. `ended` is the link's "finished" state.
+ */
+export class SinkSlot {
+  private sink: LinkSink | undefined;
+  private held: TunnelMessage[] = [];
+  /** Why it ended before open(), told to the sink when it opens. */
+  private early: { reason?: FaultReason; detail: string } | undefined;
+  private done = false;
+
+  get ended(): boolean {
+    return this.done;
+  }
+
+  /** Why the link ended before it was opened, if that was a fault. */
+  get endReason(): FaultReason | undefined {
+    return this.early?.reason;
+  }
+
+  /**
+   * Link.open(): tells the sink of an end that came first, else delivers what was held. True while
+   * the link stays open to this sink (a held message may have made the sink close it).
+   */
+  open(sink: LinkSink): boolean {
+    if (this.done) {
+      sink.closed(this.early?.reason, this.early?.detail);
+      return false;
+    }
+    this.sink = sink;
+    const held = this.held;
+    this.held = [];
+    for (const message of held) {
+      if (this.sink !== sink) return false;
+      sink.message(message);
+    }
+    return this.sink === sink;
+  }
+
+  message(message: TunnelMessage): void {
+    if (this.sink) this.sink.message(message);
+    else if (!this.done) this.held.push(message);
+  }
+
+  drain(): void {
+    this.sink?.drain();
+  }
+
+  rtt(ms: number): void {
+    this.sink?.rtt(ms);
+  }
+
+  /** The link ended by itself: its sink hears why now, or when it opens. */
+  end(reason: FaultReason | undefined, detail: string): void {
+    const sink = this.detach();
+    if (sink) sink.closed(reason, detail);
+    else this.early = { ...(reason ? { reason } : {}), detail };
+  }
+
+  /** The link ends without a word to the sink (close(), or never handed out); the sink it had. */
+  detach(): LinkSink | undefined {
+    const sink = this.sink;
+    this.done = true;
+    this.sink = undefined;
+    this.held = [];
+    return sink;
+  }
 }
 
 /** One authenticated connection to a peer, as a transport provides it. */
