@@ -219,7 +219,7 @@ function tunnelProcs(path: string): Proc[] {
       { name: 'ingress', pid: ingress!.agent.proc.pid! },
       { name: 'exit', pid: exit!.agent.proc.pid! },
     ];
-  if (path === 'nodetls') return nodeTls.map((r) => ({ name: r.side, pid: r.pid }));
+  if (path === 'nodetls') return nodeTls.map((r) => ({ name: r.name, pid: r.pid }));
   const tag =
     path === 'wg'
       ? /^wg-/
@@ -247,40 +247,47 @@ async function destBytes(): Promise<number> {
 
 // --- nodetls: the bare Node TLS relay ---------------------------------------------------------
 
-interface Relay {
-  side: 'ingress' | 'exit';
+/** A helper process of the bench (nodetls relay, udp-impair proxy) in a namespace. */
+interface NsProcess {
+  name: string;
   proc: ChildProcess;
   pid: number;
   output: string;
   exited: Promise<void>;
 }
 
-/** The two node-tls-relay processes while the nodetls path is up. */
-let nodeTls: Relay[] = [];
-
-/** Starts a relay in a namespace (`ip netns exec` execs: the pid is node's) and waits for `ready`. */
-async function startRelay(side: 'ingress' | 'exit', ns: string, args: string[]): Promise<Relay> {
-  // Profiled like the agents: JIT frames named for perf.
-  const nodeArgs = S.perf ? ['--perf-basic-prof-only-functions'] : [];
-  const proc = spawn('ip', ['netns', 'exec', ns, process.execPath, ...nodeArgs, RELAY_JS, side, ...args], {
+/**
+ * Starts `node args` in namespace `ns` (`ip netns exec` execs: the pid is node's), adds it to
+ * `list` at once (so a teardown finds it even if it never gets ready) and waits up to 10 s for
+ * `ready` in its output.
+ */
+async function startInNs(
+  what: string,
+  name: string,
+  ns: string,
+  args: string[],
+  ready: RegExp,
+  list: NsProcess[],
+): Promise<NsProcess> {
+  const proc = spawn('ip', ['netns', 'exec', ns, process.execPath, ...args], {
     stdio: ['ignore', 'pipe', 'pipe'],
   });
-  const relay: Relay = {
-    side,
+  const child: NsProcess = {
+    name,
     proc,
     pid: proc.pid!,
     output: '',
     exited: new Promise((r) => proc.once('close', () => r())),
   };
-  nodeTls.push(relay);
+  list.push(child);
   await new Promise<void>((resolve, reject) => {
     const timer = setTimeout(
-      () => reject(new Error(`nodetls ${side}: not ready in 10 s: ${relay.output}`)),
+      () => reject(new Error(`${what} ${name}: not ready in 10 s: ${child.output}`)),
       10_000,
     );
     const onData = (c: Buffer) => {
-      relay.output += c.toString();
-      if (/^ready$/m.test(relay.output)) {
+      child.output += c.toString();
+      if (ready.test(child.output)) {
         clearTimeout(timer);
         resolve();
       }
@@ -289,10 +296,20 @@ async function startRelay(side: 'ingress' | 'exit', ns: string, args: string[]):
     proc.stderr!.on('data', onData);
     proc.once('close', (code) => {
       clearTimeout(timer);
-      reject(new Error(`nodetls ${side} exited (${code}): ${relay.output}`));
+      reject(new Error(`${what} ${name} exited (${code}): ${child.output}`));
     });
   });
-  return relay;
+  return child;
+}
+
+/** The two node-tls-relay processes while the nodetls path is up (named by side). */
+let nodeTls: NsProcess[] = [];
+
+/** Starts a relay and waits for its `ready` line. */
+function startRelay(side: 'ingress' | 'exit', ns: string, args: string[]): Promise<NsProcess> {
+  // Profiled like the agents: JIT frames named for perf.
+  const nodeArgs = S.perf ? ['--perf-basic-prof-only-functions'] : [];
+  return startInNs('nodetls', side, ns, [...nodeArgs, RELAY_JS, side, ...args], /^ready$/m, nodeTls);
 }
 
 async function nodeTlsUp(): Promise<void> {
@@ -331,7 +348,7 @@ async function nodeTlsDown(): Promise<void> {
       clearTimeout(timer);
     }
     mkdirSync(RAW, { recursive: true });
-    writeFileSync(join(RAW, `nodetls-${r.side}-${Date.now()}.log`), r.output);
+    writeFileSync(join(RAW, `nodetls-${r.name}-${Date.now()}.log`), r.output);
   }
 }
 
@@ -349,68 +366,25 @@ async function pathDown(path: string): Promise<void> {
 
 // --- DELAY: the UDP impairment proxy (test/helpers/udp-impair.ts) on the kcp underlays ----------
 
-interface Impair {
-  name: string;
-  proc: ChildProcess;
-  pid: number;
-  output: string;
-  exited: Promise<void>;
-}
-
 /** The impairment proxies running now (in the ingress namespace). */
-let impairs: Impair[] = [];
+let impairs: NsProcess[] = [];
 /** Each stopped proxy's final counters (its SIGTERM line), for the JSON. */
 const impairCounters: { name: string; counters: unknown }[] = [];
 
 /** Starts `udp-impair --listen listen --to to --delay-ms DELAY` in ingress and waits for its `listening` line. */
-async function startImpair(name: string, listen: string, to: string): Promise<Impair> {
-  const proc = spawn(
-    'ip',
-    [
-      'netns',
-      'exec',
-      NS.ingress,
-      process.execPath,
-      IMPAIR_JS,
-      '--listen',
-      listen,
-      '--to',
-      to,
-      '--delay-ms',
-      String(S.delayMs),
-      '--client-idle-ms',
-      '0',
-    ],
-    { stdio: ['ignore', 'pipe', 'pipe'] },
-  );
-  const im: Impair = {
-    name,
-    proc,
-    pid: proc.pid!,
-    output: '',
-    exited: new Promise((r) => proc.once('close', () => r())),
-  };
-  impairs.push(im);
-  await new Promise<void>((resolve, reject) => {
-    const timer = setTimeout(
-      () => reject(new Error(`udp-impair ${name}: not listening in 10 s: ${im.output}`)),
-      10_000,
-    );
-    const onData = (c: Buffer) => {
-      im.output += c.toString();
-      if (/"listening"/.test(im.output)) {
-        clearTimeout(timer);
-        resolve();
-      }
-    };
-    proc.stdout!.on('data', onData);
-    proc.stderr!.on('data', onData);
-    proc.once('close', (code) => {
-      clearTimeout(timer);
-      reject(new Error(`udp-impair ${name} exited (${code}): ${im.output}`));
-    });
-  });
-  return im;
+function startImpair(name: string, listen: string, to: string): Promise<NsProcess> {
+  const args = [
+    IMPAIR_JS,
+    '--listen',
+    listen,
+    '--to',
+    to,
+    '--delay-ms',
+    String(S.delayMs),
+    '--client-idle-ms',
+    '0',
+  ];
+  return startInNs('udp-impair', name, NS.ingress, args, /"listening"/, impairs);
 }
 
 /** Stops the proxies whose name matches (SIGTERM: they print their counters and exit). */
@@ -504,7 +478,7 @@ async function meshDelayDown(): Promise<void> {
 }
 
 /** The proxies a path's traffic crosses (their CPU is recorded apart from the tunnel's). */
-const impairsOf = (path: string): Impair[] =>
+const impairsOf = (path: string): NsProcess[] =>
   path === 'mesh-kcp'
     ? impairs.filter((i) => i.name === 'mesh-kcp')
     : path.startsWith('kcp-')
