@@ -3,6 +3,7 @@ import { createHash, type KeyObject, randomBytes } from 'node:crypto';
 import { createSocket } from 'node:dgram';
 import { after, describe, it } from 'node:test';
 import { newPeerIdentity as peer } from '../../test/helpers/peer-identity.js';
+import { waitUntil } from '../../test/helpers/wait-until.js';
 import { UdpRelay } from '../../test/transports/udp-relay.js';
 import { INIT_BYTES, TYPE_DATA, verifyEd25519 } from './kcp/secure-datagram.js';
 import { KcpTransport, type KcpTransportOptions } from './kcp-transport.js';
@@ -17,15 +18,7 @@ interface Peer {
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
-async function eventually(what: string, check: () => boolean, timeoutMs: number, explain?: () => unknown) {
-  const start = performance.now();
-  while (!check()) {
-    if (performance.now() - start > timeoutMs)
-      assert.fail(`timed out after ${timeoutMs} ms: ${what} ${explain ? JSON.stringify(explain()) : ''}`);
-    await sleep(5);
-  }
-  return performance.now() - start;
-}
+const eventually = waitUntil;
 
 interface Pair {
   a: KcpTransport;

@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
+import { waitUntil } from '../../test/helpers/wait-until.js';
 import { MemoryNetwork, memoryPublicKey } from './memory.js';
 import { StaticPeerDirectory } from './static-directory.js';
 import type { TunnelState } from './tunnel.js';
@@ -8,13 +9,8 @@ const A = 'a'.repeat(32);
 const B = 'b'.repeat(32);
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
-async function eventually(what: string, check: () => boolean, timeoutMs = 2000): Promise<void> {
-  const start = performance.now();
-  while (!check()) {
-    if (performance.now() - start > timeoutMs) assert.fail(`timed out waiting for: ${what}`);
-    await sleep(2);
-  }
-}
+const eventually = (what: string, check: () => boolean, timeoutMs = 2000) =>
+  waitUntil(what, check, timeoutMs, undefined, 2);
 
 function twoPeers() {
   const network = new MemoryNetwork();

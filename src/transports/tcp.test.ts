@@ -7,6 +7,7 @@ import net, { type AddressInfo } from 'node:net';
 import { afterEach, describe, it } from 'node:test';
 import tls from 'node:tls';
 import { newPeerIdentity as identity } from '../../test/helpers/peer-identity.js';
+import { waitUntil } from '../../test/helpers/wait-until.js';
 import { requestUpgrade } from './http-upgrade.js';
 import { StaticPeerDirectory } from './static-directory.js';
 import { TcpTransport, type TcpTransportOptions } from './tcp.js';
@@ -15,13 +16,7 @@ import { selfSignedCertificate } from './tunnel-certificate.js';
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
-async function eventually(what: string, check: () => boolean, timeoutMs = 5000): Promise<void> {
-  const start = performance.now();
-  while (!check()) {
-    if (performance.now() - start > timeoutMs) assert.fail(`timed out waiting for: ${what}`);
-    await sleep(5);
-  }
-}
+const eventually = waitUntil;
 
 const cleanups: (() => Promise<unknown> | undefined)[] = [];
 afterEach(async () => {

@@ -23,18 +23,13 @@ import {
   type UdpImpairOptions,
   UdpImpairProxy,
 } from './udp-impair.js';
+import { waitUntil } from './wait-until.js';
 
 const CLI = fileURLToPath(new URL('./udp-impair.js', import.meta.url));
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
-async function eventually(what: string, check: () => boolean, timeoutMs = 5000): Promise<void> {
-  const start = performance.now();
-  while (!check()) {
-    if (performance.now() - start > timeoutMs)
-      assert.fail(`timed out after ${timeoutMs} ms waiting for: ${what}`);
-    await sleep(2);
-  }
-}
+const eventually = (what: string, check: () => boolean, timeoutMs = 5000) =>
+  waitUntil(what, check, timeoutMs, undefined, 2);
 
 const cleanups: (() => Promise<void> | void)[] = [];
 afterEach(async () => {

@@ -19,18 +19,12 @@ import type { FaultReason } from '../../src/transports/tunnel.js';
 import { selfSignedCertificate } from '../../src/transports/tunnel-certificate.js';
 import { ecdsaCertificate } from '../helpers/ecdsa-certificate.js';
 import { newPeerIdentity as identity } from '../helpers/peer-identity.js';
+import { waitUntil } from '../helpers/wait-until.js';
 import { FaultProxy } from './fault-proxy.js';
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
-async function eventually(what: string, check: () => boolean, timeoutMs = 5000): Promise<void> {
-  const start = performance.now();
-  while (!check()) {
-    if (performance.now() - start > timeoutMs)
-      assert.fail(`timed out after ${timeoutMs} ms waiting for: ${what}`);
-    await sleep(5);
-  }
-}
+const eventually = waitUntil;
 
 interface Identity {
   key: KeyObject;
