@@ -11,6 +11,15 @@ import type { PeerDirectory, TunnelTransport } from '../../src/transports/tunnel
 import { newPeerIdentity } from '../helpers/peer-identity.js';
 import type { TunnelWorld, WorldTiming } from './tunnel-suite.js';
 
+/** Short keepalive and dead timers, so that deaths and recoveries show within a test. */
+export const RELAYED_TIMING: WorldTiming = {
+  keepaliveIntervalMs: 200,
+  deadAfterMs: 600,
+  backoffMaxMs: 400,
+  highWaterMark: 256 * 1024,
+  marginMs: 400,
+};
+
 /** A relay from a dialer to an acceptor's port (FaultProxy for TCP, UdpRelay for UDP). */
 export interface PairRelay {
   readonly address: string;

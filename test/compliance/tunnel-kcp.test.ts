@@ -5,16 +5,8 @@
  */
 import { KcpTransport } from '../../src/transports/kcp-transport.js';
 import { UdpRelay } from '../transports/udp-relay.js';
-import { relayedWorld } from './relayed-world.js';
-import { tunnelCompliance, type WorldTiming } from './tunnel-suite.js';
-
-const timing: WorldTiming = {
-  keepaliveIntervalMs: 200,
-  deadAfterMs: 600,
-  backoffMaxMs: 400,
-  highWaterMark: 256 * 1024,
-  marginMs: 400,
-};
+import { relayedWorld, RELAYED_TIMING as timing } from './relayed-world.js';
+import { tunnelCompliance } from './tunnel-suite.js';
 
 tunnelCompliance('kcp', (peers) =>
   relayedWorld(peers, timing, {

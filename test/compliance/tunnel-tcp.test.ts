@@ -7,16 +7,8 @@ import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { TcpTransport } from '../../src/transports/tcp.js';
 import { FaultProxy } from '../transports/fault-proxy.js';
-import { relayedWorld } from './relayed-world.js';
-import { tunnelCompliance, type WorldTiming } from './tunnel-suite.js';
-
-const timing: WorldTiming = {
-  keepaliveIntervalMs: 200,
-  deadAfterMs: 600,
-  backoffMaxMs: 400,
-  highWaterMark: 256 * 1024,
-  marginMs: 400,
-};
+import { relayedWorld, RELAYED_TIMING as timing } from './relayed-world.js';
+import { tunnelCompliance } from './tunnel-suite.js';
 
 tunnelCompliance('tcp', (peers) =>
   relayedWorld(peers, timing, {
