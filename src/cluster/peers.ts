@@ -45,6 +45,9 @@ const PASSED_ON: ReadonlySet<ErrorCode> = new Set([
   'LICENSE_MISMATCH',
   'ALREADY_EXISTS',
   'NODE_LIMIT_EXCEEDED',
+  'SERVICE_LIMIT_EXCEEDED',
+  // The remote's allocator is out of reach or its handshake slots are full: worth a retry.
+  'UNAVAILABLE',
 ]);
 
 interface PendingHandshake {
@@ -240,6 +243,9 @@ export class Peers {
     if (initiator.peer_id === state.localPeerId || this.store.peer(initiator.peer_id)) {
       throw new ApiError('ALREADY_EXISTS', `peer ${initiator.peer_id} is already in the cluster`);
     }
+    // The same checks in the same order as the initiator's, so a merge that does not fit gets
+    // the same answer whichever side starts it.
+    this.checkNodeLimit(state, initiator.active_peer_ids);
     this.checkServiceLimit(state, initiator.service_count);
     this.prunePending();
     if (this.pending.size >= MAX_PENDING_HANDSHAKES) {

@@ -6,24 +6,17 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
-import type { Envelope } from '../../src/cluster/gossip-envelope.js';
-import type { Identity } from '../../src/cluster/identity.js';
-import { assertError } from '../helpers/api-assertions.js';
 import {
   advanceClocks,
-  agentNow,
+  assertKeyAccepted,
+  assertKeyRefused,
   credentialOf,
   eventually,
-  identityOf,
   type LiveKey,
   type Member,
   macKeyFromSecret,
-  PING_BODY,
   refreshToken,
-  replyPayload,
   rotate,
-  sealMessage,
-  sendGossip,
   startCluster,
   stopAll,
   waitForConvergence,
@@ -38,48 +31,22 @@ describe('cluster credential rotation', { timeout: 90_000 }, () => {
   let a: Member;
   let b: Member;
   let c: Member;
-  const ids = new Map<string, Identity>();
 
   before(async () => {
     members = await startCluster(vendor, 3, { license_id: 'L-rot', max_nodes: 5, max_services: 5 });
     [a, b, c] = members as [Member, Member, Member];
-    for (const m of members) ids.set(m.peerId, identityOf(m));
   });
 
   after(async () => {
     await stopAll(members);
   });
 
-  /** A probe to `receiver` MACed with `key`, signed by another member (B, or A when B receives). */
-  async function ping(receiver: Member, key: LiveKey) {
-    const sender = receiver === b ? a : b;
-    const { envelope, nonce } = sealMessage(
-      ids.get(sender.peerId)!,
-      receiver,
-      'ping',
-      PING_BODY,
-      key,
-      agentNow(receiver),
-    );
-    const res = await sendGossip(receiver, envelope);
-    return { res, nonce, sender };
-  }
-
-  async function assertAccepted(receiver: Member, key: LiveKey, what: string): Promise<void> {
-    const { res, nonce, sender } = await ping(receiver, key);
-    assert.equal(res.status, 200, `${what}: ${res.text}`);
-    const reply = replyPayload(res);
-    assert.equal(reply.type, 'ping-reply', what);
-    assert.equal(reply.re, nonce, what);
-    assert.equal(reply.to, sender.peerId, what);
-    assert.equal((res.body as Envelope).kid, key.kid, `${what}: answered under the same key`);
-  }
-
-  async function assertRefused(receiver: Member, key: LiveKey, what: string): Promise<void> {
-    const { res } = await ping(receiver, key);
-    assertError(res, 401, 'UNAUTHORIZED', what);
-    assert.equal(res.body.error, 'gossip message refused:unknown_credential', what);
-  }
+  /** Probes are signed by B, or by A when B receives. */
+  const senderFor = (receiver: Member) => (receiver === b ? a : b);
+  const assertAccepted = (receiver: Member, key: LiveKey, what: string) =>
+    assertKeyAccepted(receiver, senderFor(receiver), key, what);
+  const assertRefused = (receiver: Member, key: LiveKey, what: string) =>
+    assertKeyRefused(receiver, senderFor(receiver), key, what);
 
   async function waitForVersion(version: number, rotatedBy: string): Promise<void> {
     for (const m of members) {

@@ -14,7 +14,7 @@ import { encodeStamp } from '../../src/cluster/hlc.js';
 import { Identity } from '../../src/cluster/identity.js';
 import { makeVkey, PEER_RANK, type WireRecord } from '../../src/cluster/replicated-records.js';
 import { AgentProcess } from './agent-process.js';
-import { withoutLiveness } from './api-assertions.js';
+import { assertError, withoutLiveness } from './api-assertions.js';
 import type { ApiResponse } from './api-client.js';
 import type { Vendor } from './licenses.js';
 
@@ -204,6 +204,54 @@ export function sendGossip(to: Member, envelope: Envelope): Promise<ApiResponse>
 /** The payload of a reply envelope (not verified: the test checks what it needs). */
 export function replyPayload(res: ApiResponse): Payload {
   return JSON.parse((res.body as Envelope).payload) as Payload;
+}
+
+/**
+ * Sends `receiver` a probe signed by `sender` (a member it knows) and MACed with `key`: how the
+ * tests ask an agent whether it accepts a cluster secret.
+ */
+export async function probeWithKey(
+  receiver: Member,
+  sender: Member,
+  key: LiveKey,
+): Promise<{ res: ApiResponse; nonce: string }> {
+  const { envelope, nonce } = sealMessage(
+    identityOf(sender),
+    receiver,
+    'ping',
+    PING_BODY,
+    key,
+    agentNow(receiver),
+  );
+  return { res: await sendGossip(receiver, envelope), nonce };
+}
+
+/** `receiver` accepts `key`: it answers the probe, to its sender, under the same key. */
+export async function assertKeyAccepted(
+  receiver: Member,
+  sender: Member,
+  key: LiveKey,
+  what: string,
+): Promise<void> {
+  const { res, nonce } = await probeWithKey(receiver, sender, key);
+  assert.equal(res.status, 200, `${what}: ${res.text}`);
+  const reply = replyPayload(res);
+  assert.equal(reply.type, 'ping-reply', what);
+  assert.equal(reply.re, nonce, what);
+  assert.equal(reply.to, sender.peerId, what);
+  assert.equal((res.body as Envelope).kid, key.kid, `${what}: answered under the same key`);
+}
+
+/** `receiver` refuses `key` as a credential it does not hold (or no longer holds). */
+export async function assertKeyRefused(
+  receiver: Member,
+  sender: Member,
+  key: LiveKey,
+  what: string,
+): Promise<void> {
+  const { res } = await probeWithKey(receiver, sender, key);
+  assertError(res, 401, 'UNAUTHORIZED', what);
+  assert.equal(res.body.error, 'gossip message refused:unknown_credential', what);
 }
 
 /**
