@@ -22,6 +22,7 @@ import {
   isAdmissionRequest,
 } from './allocator.js';
 import type { ClusterCredential, MacKey } from './cluster-credential.js';
+import { bucketOf, DIGEST_BUCKETS, differingBuckets, scopeOf } from './digest-buckets.js';
 import { FailureDetector, type LivenessRumor } from './failure-detector.js';
 import {
   type Envelope,
@@ -359,11 +360,18 @@ export class Gossip {
     try {
       this.deps.metrics.antiEntropyRounds.inc();
       const { replica } = this.deps;
+      const scope = await this.differingBucketsWith(peer);
+      // The roots differed at the probe; a change still spreading has often reached both since.
+      if (scope?.length === 0) return;
       const digest = replica.digest();
+      const inScope = scope && new Set(scope);
+      const entries = inScope
+        ? [...digest.entries].filter(([key]) => inScope.has(bucketOf(key)))
+        : [...digest.entries];
       const answer = (await this.request(
         peer,
         'digest',
-        { root: digest.root, entries: [...digest.entries] },
+        scope ? { root: digest.root, entries, scope } : { root: digest.root, entries },
         this.slowTimeout(),
       )) as { records?: unknown; want?: unknown };
       if (Array.isArray(answer.records)) this.merge(answer.records.slice(0, MAX_RECORDS_PER_MESSAGE));
@@ -379,8 +387,38 @@ export class Gossip {
     }
   }
 
-  /** What a peer's digest lacks or holds older, and what it holds newer than we do. */
-  private answerDigest(entries: unknown): { records: WireRecord[]; want: string[] } {
+  /**
+   * The digest buckets in which a peer's state differs from ours (digest-buckets.ts), or
+   * undefined when the peer does not answer with buckets (an agent from before them): then the
+   * whole digest is exchanged, as it always was.
+   */
+  private async differingBucketsWith(peer: PeerRecord): Promise<number[] | undefined> {
+    try {
+      const answer = (await this.request(
+        peer,
+        'buckets',
+        { buckets: this.deps.replica.digestBuckets() },
+        this.slowTimeout(),
+      )) as { differ?: unknown };
+      const differ = scopeOf(answer.differ);
+      return differ ? [...differ] : undefined;
+    } catch {
+      return undefined;
+    }
+  }
+
+  /** The buckets a peer's list says differ from ours; all of them when its list is malformed. */
+  private answerBuckets(buckets: unknown): { differ: number[] } {
+    const differ = differingBuckets(this.deps.replica.digestBuckets(), buckets);
+    return { differ: differ ?? Array.from({ length: DIGEST_BUCKETS }, (_, i) => i) };
+  }
+
+  /**
+   * What a peer's digest lacks or holds older, and what it holds newer than we do; with a
+   * `scope`, only among keys of those buckets (the peer sent only their entries).
+   */
+  private answerDigest(entries: unknown, scopeField?: unknown): { records: WireRecord[]; want: string[] } {
+    const scope = scopeOf(scopeField);
     const { replica } = this.deps;
     const theirs = new Map<string, string>();
     if (Array.isArray(entries)) {
@@ -392,6 +430,7 @@ export class Gossip {
     const records: WireRecord[] = [];
     const want: string[] = [];
     for (const [key, vkey] of mine) {
+      if (scope && !scope.has(bucketOf(key))) continue;
       const t = theirs.get(key);
       if (t === undefined || vkey > t) {
         const r = replica.record(key);
@@ -613,8 +652,11 @@ export class Gossip {
         if (Array.isArray(body.records)) this.merge(body.records.slice(0, MAX_RECORDS_PER_MESSAGE));
         answer = {};
         break;
+      case 'buckets':
+        answer = this.answerBuckets(body.buckets);
+        break;
       case 'digest':
-        answer = this.answerDigest(body.entries);
+        answer = this.answerDigest(body.entries, body.scope);
         break;
       case 'allocate':
         // Records the requester knows and the decision depends on (see allocate()) come first.

@@ -24,6 +24,7 @@ import { checkRoute, checkService } from '../domain/service-rules.js';
 import type { ClusterSecretRecord, PeerRecord, RouteRecord, ServiceRecord } from '../store/records.js';
 import type { Store } from '../store/store.js';
 import { CLUSTER_SECRET_GRACE_MS, keyId } from './cluster-credential.js';
+import { bucketHashes } from './digest-buckets.js';
 import { peerIdMatchesKey } from './handshake-protocol.js';
 import type { HybridClock } from './hlc.js';
 import {
@@ -64,6 +65,7 @@ export interface ApplyResult {
 
 export class Replica {
   private cachedDigest: { generation: number; cutoff: number; digest: Digest } | undefined;
+  private cachedBuckets: { digest: Digest; buckets: string[] } | undefined;
   /** Set when another agent removed this one; reported by /readyz and logged once. */
   removedFromCluster = false;
 
@@ -176,6 +178,15 @@ export class Replica {
   private horizonCutoff(): number {
     // Rounded to whole seconds so that the cached digest is not rebuilt on every call.
     return Math.floor((this.clock.now() - this.tombstoneHorizonMs) / 1000) * 1000;
+  }
+
+  /** The digest's bucket hashes (digest-buckets.ts), computed once per digest. */
+  digestBuckets(): string[] {
+    const digest = this.digest();
+    if (this.cachedBuckets?.digest !== digest) {
+      this.cachedBuckets = { digest, buckets: bucketHashes(digest.entries) };
+    }
+    return this.cachedBuckets.buckets;
   }
 
   digest(): Digest {

@@ -45,6 +45,15 @@ async function waitReachable(observer: Node, peer: Node, want: boolean, ms = 20_
   );
 }
 
+/** mesh_gossip_messages_total of one type and direction on an agent. */
+async function gossipMessages(n: Node, type: string, direction: 'sent' | 'received'): Promise<number> {
+  const res = await get(n, '/metrics');
+  expectStatus(res, 200, 'metrics');
+  const series = `mesh_gossip_messages_total{type="${type}",direction="${direction}"} `;
+  const line = res.text.split('\n').find((l) => l.startsWith(series));
+  return line ? Number(line.slice(series.length)) : 0;
+}
+
 async function createService(n: Node, source: Node, target: Node): Promise<string> {
   const res = await post(n, '/v1/services', { source_peer_id: source.peerId, target_peer_id: target.peerId });
   expectStatus(res, 201, 'create service');
@@ -152,6 +161,10 @@ describe('replication under faults', { timeout: 120_000 }, () => {
     assert.equal(bw(sAC), 222, 'the later of two concurrent updates wins');
     assert.equal(bw(sAB), 0);
     assert.equal(healed.peers.find((p) => p.id === a.peerId)?.name, 'alpha-as-c-says', "C's rename");
+    // Nothing was pushed after the heal: anti-entropy carried it, comparing digest buckets first.
+    let bucketExchanges = 0;
+    for (const n of nodes) bucketExchanges += await gossipMessages(n, 'buckets-reply', 'sent');
+    assert.ok(bucketExchanges > 0, 'anti-entropy compared digest buckets');
     await waitReachable(a, c, true);
     await waitReachable(c, a, true);
     await waitReachable(c, b, true);
