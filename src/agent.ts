@@ -227,6 +227,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       dataplaneStatus: data?.dataplane ? (id) => data.dataplane!.status(id) : undefined,
       liveness: (peerId) => engine.liveness(peerId),
       gossip: (envelope) => engine.handle(envelope),
+      gossipUnreadable: () => engine.countUnreadable(),
       testHooks: testClock && { clock: testClock, faults: engine.faults },
       bootstrap: {
         store,

@@ -63,6 +63,8 @@ export interface AppDeps {
   liveness: (peerId: string) => PeerLivenessView;
   /** Answers POST /internal/v1/gossip (cluster/gossip.ts). */
   gossip: (envelope: unknown) => Promise<{ status: number; body: unknown }>;
+  /** Counts a gossip request refused before its envelope could be read, as `malformed`. */
+  gossipUnreadable: () => void;
   /** `--test-hooks`: a movable clock and the gossip fault switch, for tests only. */
   testHooks?: TestHooks | undefined;
   bootstrap: BootstrapDeps;

@@ -613,6 +613,11 @@ export class Gossip {
     return opened;
   }
 
+  /** A request the HTTP layer refused before handle() could read it: counted as malformed. */
+  countUnreadable(): void {
+    this.deps.metrics.rejected.labels('malformed').inc();
+  }
+
   /** POST /internal/v1/gossip. Anything that fails authentication changes nothing. */
   async handle(raw: unknown): Promise<HandledMessage> {
     const opened = this.open(raw);

@@ -191,6 +191,30 @@ describe('gossip security: forged, replayed and misdirected messages change noth
     await assertRefused(c, m.envelope, 'unknown_sender', m.name);
   });
 
+  it('bodies refused before they are read as envelopes are counted as malformed too, and change nothing', async () => {
+    const junk: { what: string; body: string | Buffer; type?: string; status: number }[] = [
+      { what: 'an envelope without sig', body: '{"payload":"{}","kid":"x","mac":"x"}', status: 400 },
+      { what: 'a JSON array', body: '[]', status: 400 },
+      { what: 'not JSON', body: '{"payload":', status: 400 },
+      { what: 'text, not JSON', body: 'payload=x', type: 'text/plain', status: 400 },
+      { what: 'a content type no parser takes', body: '<x/>', type: 'application/xml', status: 400 },
+      { what: 'over the 16 MiB body limit', body: Buffer.alloc(16 * 1024 * 1024 + 1, 0x20), status: 413 },
+    ];
+    const viewBefore = await replicatedView(c);
+    const before = (await rejectedCounts(c)).get('malformed') ?? 0;
+    for (const j of junk) {
+      const res = await c.agent.client.post('/internal/v1/gossip', {
+        body: j.body,
+        headers: { 'content-type': j.type ?? 'application/json' },
+      });
+      assert.equal(res.status, j.status, `${j.what}: ${res.text}`);
+      assert.equal(typeof res.body.code, 'string', `${j.what}: the API's error shape`);
+    }
+    const after = (await rejectedCounts(c)).get('malformed') ?? 0;
+    assert.equal(after - before, junk.length, 'each refused body counted once as malformed');
+    assert.deepEqual(await replicatedView(c), viewBefore, 'nothing changed');
+  });
+
   it('well signed by B after B left the cluster: inactive_sender', async () => {
     const left = await b.agent.client.delete('/v1/peers/self', { token: b.token });
     assert.equal(left.status, 200, left.text);

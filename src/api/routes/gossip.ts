@@ -24,6 +24,11 @@ export function registerGossipRoutes(app: FastifyInstance, deps: AppDeps): void 
       },
       // Probes arrive every interval from every peer: logging each would drown the log.
       logLevel: 'warn',
+      // Refused before the engine could read it (too large, not JSON, another content type, not
+      // an envelope): still a refused message, so it is counted like the engine's refusals.
+      onError: async (_request, reply) => {
+        if (reply.statusCode < 500) deps.gossipUnreadable();
+      },
     },
     async (request, reply) => {
       const answer = await deps.gossip(request.body);
