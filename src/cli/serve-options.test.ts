@@ -14,6 +14,15 @@ describe('serve options', () => {
     assert.equal(o.dev, false);
     assert.equal(o.logLevel, 'info');
   });
+  it('gossips every 1000 ms by default; --gossip-interval-ms takes whole ms from 50 to 60000', () => {
+    assert.equal(parseServeOptions([], {}).gossipIntervalMs, 1000);
+    assert.equal(parseServeOptions(['--gossip-interval-ms', '50'], {}).gossipIntervalMs, 50);
+    assert.equal(parseServeOptions(['--gossip-interval-ms', '60000'], {}).gossipIntervalMs, 60_000);
+    assert.equal(parseServeOptions([], { MESH_GOSSIP_INTERVAL_MS: '250' }).gossipIntervalMs, 250);
+    for (const bad of ['49', '60001', '1.5', '-200', '1e3', '']) {
+      assert.throws(() => parseServeOptions(['--gossip-interval-ms', bad], {}), UsageError, bad);
+    }
+  });
   it('reads MESH_<NAME> variables; flags win', () => {
     const o = parseServeOptions(['--data-dir', '/flag'], {
       MESH_DATA_DIR: '/env',

@@ -101,7 +101,8 @@ export class Gossip {
   /** The digest entries as of the last push: what changed since is what to push next. */
   private pushed = new Map<string, string>();
   private pushScheduled = false;
-  private readonly syncing = new Set<string>();
+  /** The anti-entropy exchange running with each peer: one at a time, and callers can wait. */
+  private readonly syncing = new Map<string, Promise<void>>();
   /** When each peer last showed a digest root equal to ours (tombstone collection). */
   private readonly matchedAt = new Map<string, number>();
   /** The key each peer last accepted from us: after a merge, not every peer has the newest. */
@@ -173,6 +174,9 @@ export class Gossip {
   async syncNow(): Promise<void> {
     await Promise.all(
       this.otherActivePeers().map(async (p) => {
+        // An exchange that began before this call may predate the writes the caller made: let
+        // it end, so the one below (started by the probe, or here) covers them.
+        await this.syncing.get(p.id)?.catch(() => undefined);
         await this.ping(p.id, this.deps.config.intervalMs * 2, false);
         await this.antiEntropy(p).catch(() => undefined);
       }),
@@ -354,36 +358,40 @@ export class Gossip {
 
   // --- anti-entropy ------------------------------------------------------------------------------
 
-  private async antiEntropy(peer: PeerRecord): Promise<void> {
-    if (this.syncing.has(peer.id) || this.departed) return;
-    this.syncing.add(peer.id);
-    try {
-      this.deps.metrics.antiEntropyRounds.inc();
-      const { replica } = this.deps;
-      const scope = await this.differingBucketsWith(peer);
-      // The roots differed at the probe; a change still spreading has often reached both since.
-      if (scope?.length === 0) return;
-      const digest = replica.digest();
-      const inScope = scope && new Set(scope);
-      const entries = inScope
-        ? [...digest.entries].filter(([key]) => inScope.has(bucketOf(key)))
-        : [...digest.entries];
-      const answer = (await this.request(
-        peer,
-        'digest',
-        scope ? { root: digest.root, entries, scope } : { root: digest.root, entries },
-        this.slowTimeout(),
-      )) as { records?: unknown; want?: unknown };
-      if (Array.isArray(answer.records)) this.merge(answer.records.slice(0, MAX_RECORDS_PER_MESSAGE));
-      if (Array.isArray(answer.want) && answer.want.length > 0) {
-        const records = answer.want
-          .slice(0, MAX_RECORDS_PER_MESSAGE)
-          .map((k) => (typeof k === 'string' ? replica.record(k) : undefined))
-          .filter((r): r is WireRecord => r !== undefined);
-        await this.request(peer, 'push', { records, rumors: [] }, this.slowTimeout());
-      }
-    } finally {
-      this.syncing.delete(peer.id);
+  /** Runs anti-entropy with a peer, or joins the exchange already running with it. */
+  private antiEntropy(peer: PeerRecord): Promise<void> {
+    if (this.departed) return Promise.resolve();
+    const running = this.syncing.get(peer.id);
+    if (running) return running;
+    const run = this.exchangeDigests(peer).finally(() => this.syncing.delete(peer.id));
+    this.syncing.set(peer.id, run);
+    return run;
+  }
+
+  private async exchangeDigests(peer: PeerRecord): Promise<void> {
+    this.deps.metrics.antiEntropyRounds.inc();
+    const { replica } = this.deps;
+    const scope = await this.differingBucketsWith(peer);
+    // The roots differed at the probe; a change still spreading has often reached both since.
+    if (scope?.length === 0) return;
+    const digest = replica.digest();
+    const inScope = scope && new Set(scope);
+    const entries = inScope
+      ? [...digest.entries].filter(([key]) => inScope.has(bucketOf(key)))
+      : [...digest.entries];
+    const answer = (await this.request(
+      peer,
+      'digest',
+      scope ? { root: digest.root, entries, scope } : { root: digest.root, entries },
+      this.slowTimeout(),
+    )) as { records?: unknown; want?: unknown };
+    if (Array.isArray(answer.records)) this.merge(answer.records.slice(0, MAX_RECORDS_PER_MESSAGE));
+    if (Array.isArray(answer.want) && answer.want.length > 0) {
+      const records = answer.want
+        .slice(0, MAX_RECORDS_PER_MESSAGE)
+        .map((k) => (typeof k === 'string' ? replica.record(k) : undefined))
+        .filter((r): r is WireRecord => r !== undefined);
+      await this.request(peer, 'push', { records, rumors: [] }, this.slowTimeout());
     }
   }
 

@@ -62,8 +62,9 @@ export async function startMember(
   vendor: Vendor,
   license: Parameters<Vendor['sign']>[0],
   name = 'test',
+  args: readonly string[] = GOSSIP_ARGS,
 ): Promise<Member> {
-  const agent = await AgentProcess.start({ vendor, extraArgs: GOSSIP_ARGS });
+  const agent = await AgentProcess.start({ vendor, extraArgs: [...args] });
   try {
     const res = await agent.client.post('/v1/bootstrap', { json: { license: vendor.sign(license), name } });
     assert.equal(res.status, 201, `bootstrap: ${res.text}`);
@@ -81,15 +82,19 @@ export function addPeer(a: Member, b: Member): Promise<ApiResponse> {
   return a.agent.client.post('/v1/peers', { token: a.token, json: { address: `127.0.0.1:${b.agent.port}` } });
 }
 
-/** Starts `n` agents under one license and joins them into one cluster (each to the first). */
+/**
+ * Starts `n` agents under one license and joins them into one cluster (each to the first);
+ * `args` are the agents' extra serve flags (default: a 200 ms gossip interval and the test hooks).
+ */
 export async function startCluster(
   vendor: Vendor,
   n: number,
   license: Parameters<Vendor['sign']>[0],
+  args: readonly string[] = GOSSIP_ARGS,
 ): Promise<Member[]> {
   const members: Member[] = [];
   try {
-    for (let i = 0; i < n; i++) members.push(await startMember(vendor, license, `agent-${i}`));
+    for (let i = 0; i < n; i++) members.push(await startMember(vendor, license, `agent-${i}`, args));
     for (const m of members.slice(1)) {
       const res = await addPeer(members[0]!, m);
       assert.equal(res.status, 201, `join: ${res.text}`);

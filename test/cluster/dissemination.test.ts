@@ -1,0 +1,126 @@
+/**
+ * How a change spreads, taken apart from anti-entropy: agents gossiping at a 60 s interval run no
+ * probe and no anti-entropy round during these tests, so a change can reach the others only by
+ * the writer's push and its relay by whoever received it (infection style), and POST
+ * /v1/cluster/sync must carry a change that every push lost before it answers.
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { eventually, type Member, setBlocked, startCluster, stopAll } from '../helpers/gossip-forge.js';
+import { makeVendor } from '../helpers/licenses.js';
+
+const vendor = makeVendor();
+/** No round during a test: changes move only by push and relay, or by an explicit sync. */
+const QUIET_ARGS = ['--gossip-interval-ms', '60000', '--test-hooks'];
+
+async function metricsText(m: Member): Promise<string> {
+  const res = await m.agent.client.get('/metrics', { token: m.token });
+  assert.equal(res.status, 200, res.text);
+  return res.text;
+}
+
+/** mesh_gossip_messages_total of one type and direction. */
+function messages(text: string, type: string, direction: 'sent' | 'received'): number {
+  const series = `mesh_gossip_messages_total{type="${type}",direction="${direction}"} `;
+  const line = text.split('\n').find((l) => l.startsWith(series));
+  return line ? Number(line.slice(series.length)) : 0;
+}
+
+/** Anti-entropy messages (bucket lists and digests) every member has sent so far. */
+async function antiEntropySent(members: readonly Member[]): Promise<number> {
+  let sum = 0;
+  for (const m of members) {
+    const text = await metricsText(m);
+    sum += messages(text, 'buckets', 'sent') + messages(text, 'digest', 'sent');
+  }
+  return sum;
+}
+
+async function nameOn(m: Member, peerId: string): Promise<string> {
+  const res = await m.agent.client.get(`/v1/peers/${peerId}`, { token: m.token });
+  assert.equal(res.status, 200, res.text);
+  return res.body.name as string;
+}
+
+async function rename(writer: Member, peerId: string, name: string): Promise<void> {
+  const res = await writer.agent.client.put(`/v1/peers/${peerId}`, { token: writer.token, json: { name } });
+  assert.equal(res.status, 200, res.text);
+}
+
+async function setLoss(m: Member, loss: number): Promise<void> {
+  const res = await m.agent.client.put('/internal/v1/test/faults', {
+    token: m.token,
+    json: { blocked_peer_ids: [], loss },
+  });
+  assert.equal(res.status, 200, res.text);
+}
+
+describe('dissemination without anti-entropy rounds', { timeout: 90_000 }, () => {
+  let members: Member[] = [];
+  let a: Member;
+  let b: Member;
+  let c: Member;
+  let d: Member;
+
+  before(async () => {
+    members = await startCluster(
+      vendor,
+      4,
+      { license_id: 'L-push', max_nodes: 4, max_services: 4 },
+      QUIET_ARGS,
+    );
+    [a, b, c, d] = members as [Member, Member, Member, Member];
+    // Let the joins' own anti-entropy exchanges finish before counting.
+    await new Promise((r) => setTimeout(r, 500));
+  });
+
+  after(async () => {
+    await stopAll(members);
+  });
+
+  it('a change reaches an agent the writer cannot reach, relayed by those it pushed to', async () => {
+    // With 4 agents and a fanout of 3 the writer pushes to every other; its push to D is cut,
+    // so D can only have the change from B or C passing it on.
+    await setBlocked(a, [d.peerId]);
+    await setBlocked(d, [a.peerId]);
+    try {
+      const before = await antiEntropySent(members);
+      const dPushesBefore = messages(await metricsText(d), 'push', 'received');
+      await rename(a, c.peerId, 'relayed-name');
+      for (const m of [b, c, d]) {
+        await eventually(
+          `${m.peerId} has the new name`,
+          async () => ((await nameOn(m, c.peerId)) === 'relayed-name' ? true : undefined),
+          5_000,
+          20,
+        );
+      }
+      assert.ok(
+        messages(await metricsText(d), 'push', 'received') > dPushesBefore,
+        'D received pushes (from B or C: A is cut off from it)',
+      );
+      assert.equal(await antiEntropySent(members), before, 'no anti-entropy message was sent meanwhile');
+    } finally {
+      await setBlocked(a, []);
+      await setBlocked(d, []);
+    }
+  });
+
+  it('POST /v1/cluster/sync carries a change every push lost, before it answers', async () => {
+    await setLoss(a, 1);
+    try {
+      await rename(a, b.peerId, 'synced-name');
+      await new Promise((r) => setTimeout(r, 500));
+      for (const m of [b, c, d]) {
+        assert.notEqual(await nameOn(m, b.peerId), 'synced-name', `${m.peerId}: every push was dropped`);
+      }
+    } finally {
+      await setLoss(a, 0);
+    }
+    const synced = await a.agent.client.post('/v1/cluster/sync', { token: a.token });
+    assert.equal(synced.status, 200, synced.text);
+    assert.deepEqual(synced.body, { triggered: true });
+    // No waiting: the sync ran anti-entropy with every peer before it answered.
+    for (const m of [b, c, d]) assert.equal(await nameOn(m, b.peerId), 'synced-name', m.peerId);
+  });
+});
