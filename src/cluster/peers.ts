@@ -340,7 +340,7 @@ export class Peers {
           'this is the local peer: leave the cluster with DELETE /v1/peers/self',
         );
       }
-      this.store.deletePeer(id);
+      this.replica.deletePeerAndServices(id, this.clock.now());
       // The tombstone keeps anti-entropy from bringing the peer back (DECISIONS §5).
       const tombstone = { key: keyOf('peer', id), vkey: this.replica.nextVkey(peer.vkey, PEER_RANK.removed) };
       this.store.putTombstone({ ...tombstone, arrivedAt: this.clock.now() });

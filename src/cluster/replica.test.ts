@@ -220,6 +220,19 @@ const serviceInput = (from: Node, to: Node) => ({
 
 const ids = (node: Node) => node.store.services().map((s) => s.id);
 
+/** DELETE /v1/peers/{id} on `node`, as Peers.remove writes it. */
+function removePeer(node: Node, peerId: string): void {
+  node.store.transaction(() => {
+    const p = node.store.peer(peerId)!;
+    node.replica.deletePeerAndServices(peerId, node.clock.now());
+    node.store.putTombstone({
+      key: keyOf('peer', peerId),
+      vkey: node.replica.nextVkey(p.vkey, PEER_RANK.removed),
+      arrivedAt: node.clock.now(),
+    });
+  });
+}
+
 // --- the core property: convergence ----------------------------------------------------------------
 
 type Op =
@@ -722,27 +735,18 @@ describe('Replica: merge rules', { timeout: 60_000 }, () => {
     for (const s of a.store.services()) a.config.addRoutes(s.id, [{ priority: 1, dest_cidr: '10.0.0.0/8' }]);
     b.replica.apply(allRecords(a));
     assert.equal(b.store.services().length, 3);
-    const removal = await changes(a, () =>
-      a.store.transaction(() => {
-        const p = a.store.peer(cId)!;
-        a.store.deletePeer(cId);
-        a.store.putTombstone({
-          key: keyOf('peer', cId),
-          vkey: a.replica.nextVkey(p.vkey, PEER_RANK.removed),
-          arrivedAt: a.clock.now(),
-        });
-      }),
-    );
-    assert.deepEqual(
-      removal.map((r) => r.key),
-      [keyOf('peer', cId)],
-    );
-    assert.equal(b.replica.apply(removal).applied.length, 1);
+    const gone = a.store.services().filter((s) => s.id !== keep.id);
+    const removal = await changes(a, () => removePeer(a, cId));
+    const expected = [keyOf('peer', cId), ...gone.map((s) => keyOf('service', s.id))].sort();
+    assert.deepEqual(removal.map((r) => r.key).sort(), expected, 'the peer and its services, not routes');
+    // The peer's tombstone alone is enough for b: it derives the services' tombstones itself.
+    const peerOnly = removal.filter((r) => r.key === keyOf('peer', cId));
+    assert.equal(b.replica.apply(peerOnly).applied.length, 1);
     assert.equal(b.store.peer(cId), undefined);
     assert.deepEqual(ids(b), [keep.id]);
     assert.equal(b.store.services().flatMap((s) => b.store.routesOf(s.id)).length, 1);
-    // Children go without tombstones of their own: only the peer's.
-    assert.deepEqual([...b.store.tombstones().keys()], [keyOf('peer', cId)]);
+    // Routes go without tombstones of their own: their service's covers them.
+    assert.deepEqual([...b.store.tombstones().keys()].sort(), expected);
     assertConverged([a, b]);
     // A service of the removed peer arriving late is not stored.
     const late = serviceRecord({ ...a.store.services()[0]!, id: 'late', targetPeerId: cId });
@@ -763,8 +767,41 @@ describe('Replica: merge rules', { timeout: 60_000 }, () => {
     assert.deepEqual(b.replica.apply([removal]), { applied: [], malformed: 0 });
     assert.equal(b.replica.removedFromCluster, true);
     assert.ok(b.store.peer(bId), 'b keeps its own row');
-    assert.equal(b.store.services().length, 1, 'and its services');
+    assert.equal(b.store.services().length, 0, 'but not the services: they are deleted everywhere else');
     assert.equal(b.store.tombstones().size, 0);
+  });
+
+  it('a peer removed and added again brings none of its old services back, told or not', async () => {
+    for (const told of [false, true]) {
+      const [a, d] = cluster(2) as [Node, Node];
+      const dId = d.identity.peerId;
+      const s = await a.config.create(serviceInput(a, d));
+      a.config.addRoutes(s.id, [{ priority: 1, dest_cidr: '10.0.0.0/8' }]);
+      d.replica.apply(allRecords(a));
+      assert.deepEqual(ids(d), [s.id]);
+      const removal = await changes(a, () => removePeer(a, dId));
+      if (told) {
+        d.replica.apply(removal);
+        assert.deepEqual(ids(d), [], 'told: d forgets the services');
+      }
+      // a adds d again, as the handshake does: one epoch above the tombstone, which goes.
+      const tombstone = a.store.tombstone(keyOf('peer', dId))!;
+      a.store.transaction(() => {
+        a.store.upsertPeer({
+          ...d.store.peer(dId)!,
+          vkey: a.replica.nextVkey(tombstone.vkey, PEER_RANK.active, 1),
+        });
+        a.store.deleteTombstone(tombstone.key);
+      });
+      // Anti-entropy both ways: d's old service (if it still has it) does not come back.
+      a.replica.apply(allRecords(d));
+      assert.deepEqual(ids(a), [], `told: ${told}: the service stays deleted on a`);
+      d.replica.apply(allRecords(a));
+      assert.deepEqual(ids(d), [], `told: ${told}: and is deleted on d`);
+      assert.equal(d.store.routesOf(s.id).length, 0);
+      assertConverged([a, d]);
+      close([a, d]);
+    }
   });
 
   it('refuses records that are malformed, forged or stamped too far ahead, and counts them', async () => {

@@ -252,10 +252,13 @@ export class Replica {
       // An old deletion is history everywhere else: take it only where it still deletes something.
       if (vkeyWall(r.vkey) < nowMs - this.tombstoneHorizonMs && !live) return undefined;
       if (kind === 'peer' && id === this.localPeerId) {
+        // Out of the cluster: its services are deleted everywhere else, so here too, or they
+        // would come back from this agent if it is ever added again.
+        if (!this.removedFromCluster) this.forgetServices();
         this.removedFromCluster = true;
         return undefined;
       }
-      if (kind === 'peer') this.store.deletePeer(id);
+      if (kind === 'peer') this.deletePeerAndServices(id, nowMs);
       else if (kind === 'service') this.store.deleteService(id);
       else if (kind === 'route') this.store.deleteRoute(Number(id));
       this.store.putTombstone({ key: r.key, vkey: r.vkey, arrivedAt: nowMs });
@@ -336,6 +339,27 @@ export class Replica {
    * Deletes tombstones that have left the digest and that every active peer has seen:
    * `matchedSince(t)` says whether every active peer matched our digest at or after time t.
    */
+  /**
+   * Removes a peer, with a tombstone for each of its services. The peer's own tombstone is
+   * replaced when the peer is added again, so a service deleted only by the cascade would come
+   * back then from any agent that still held it. Every agent derives the same tombstones (each at
+   * its service's vkey, deletion rank). Routes need none: a route whose service is missing is
+   * never stored. For DELETE /v1/peers/{id} and a removed-peer tombstone from gossip; inside a
+   * store transaction.
+   */
+  deletePeerAndServices(peerId: string, nowMs: number): void {
+    for (const s of this.store.services()) {
+      if (s.sourcePeerId !== peerId && s.targetPeerId !== peerId) continue;
+      this.store.putTombstone({ key: keyOf('service', s.id), vkey: tombstoneVkey(s.vkey), arrivedAt: nowMs });
+    }
+    this.store.deletePeer(peerId);
+  }
+
+  /** Deletes every service (and so every route) held here, without tombstones. */
+  private forgetServices(): void {
+    for (const s of this.store.services()) this.store.deleteService(s.id);
+  }
+
   collectTombstones(matchedSince: (t: number) => boolean): number {
     const nowMs = this.clock.now();
     const expired = [...this.store.tombstones().values()].filter((t) => {
