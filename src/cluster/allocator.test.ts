@@ -119,6 +119,9 @@ function setup(limits: { maxNodes?: number; maxServices?: number } = {}, others:
   return { clock, store, allocator: new Allocator(store, LOCAL, clock) };
 }
 
+/** The gossip engine's answer to "has this peer's root matched ours since": yes. */
+const inSync = () => true;
+
 const later = (ms: number) => ({ createdAt: isoTime(T0 + ms) });
 const P1 = id(1);
 const P2 = id(2);
@@ -203,6 +206,43 @@ describe('Allocator.decide: services', { timeout: 30_000 }, () => {
     allocator.decide(svc('s2', LOCAL, P2));
     // s1's pair is free again too (s2 now holds the only slot, so use the limit elsewhere).
     throwsCode(() => allocator.decide(svc('s3', LOCAL, P1)), 'SERVICE_LIMIT_EXCEEDED');
+  });
+
+  it("a remote requester's expired reservation holds until its root is seen in sync after the grant", () => {
+    const { clock, allocator } = setup({ maxServices: 1 }, peers);
+    const asked: [string, number][] = [];
+    let synced = false;
+    allocator.connect(
+      async () => ({ granted: true }),
+      (peerId, since) => {
+        asked.push([peerId, since]);
+        return synced;
+      },
+    );
+    allocator.decide(svc('s1', P2, P1), P2);
+    clock.advance(RESERVATION_TTL_MS);
+    // P2 was granted s1 and then not heard from in sync: it may hold s1 (cut off after its
+    // commit), so the slot stays taken and a second service cannot pass the limit.
+    throwsCode(() => allocator.decide(svc('s2', P3, P1), P3), 'SERVICE_LIMIT_EXCEEDED');
+    assert.deepEqual(asked.at(-1), [P2, T0 + RESERVATION_TTL_MS / 2]);
+    synced = true;
+    allocator.decide(svc('s2', P3, P1), P3);
+  });
+
+  it('an expired reservation ends when its requester has left or was removed', () => {
+    for (const gone of ['left', 'removed'] as const) {
+      const { clock, store, allocator } = setup({ maxServices: 1 }, peers);
+      allocator.connect(
+        async () => ({ granted: true }),
+        () => false,
+      );
+      allocator.decide(svc('s1', P2, P1), P2);
+      clock.advance(RESERVATION_TTL_MS);
+      throwsCode(() => allocator.decide(svc('s2', P3, P1), P3), 'SERVICE_LIMIT_EXCEEDED');
+      if (gone === 'left') store.updatePeer({ ...store.peer(P2)!, isActive: false });
+      else store.deletePeer(P2);
+      allocator.decide(svc('s2', P3, P1), P3);
+    }
   });
 
   it('drops a reservation once its service lands: a later local delete frees the slot', () => {
@@ -309,7 +349,7 @@ describe('Allocator.admit', { timeout: 30_000 }, () => {
     allocator.connect(async () => {
       calls++;
       return { granted: true };
-    });
+    }, inSync);
     await allocator.admitService(service('s1', LOCAL, P1));
     await rejectsCode(allocator.admitService(service('s2', P1, LOCAL)), 'SERVICE_LIMIT_EXCEEDED', 422);
     assert.equal(calls, 0);
@@ -321,7 +361,7 @@ describe('Allocator.admit', { timeout: 30_000 }, () => {
     allocator.connect(async (to, request) => {
       calls.push([to.id, request]);
       return { granted: true };
-    });
+    }, inSync);
     await allocator.admitService(service('s1', LOCAL, P1));
     await allocator.admitPeers([id(10), id(11)]);
     assert.deepEqual(calls, [
@@ -334,7 +374,7 @@ describe('Allocator.admit', { timeout: 30_000 }, () => {
     const { allocator } = remoteSetup();
     allocator.connect(async () => {
       throw new Error('connect ECONNREFUSED');
-    });
+    }, inSync);
     const err = await rejectsCode(allocator.admitService(service('s1', LOCAL, P1)), 'UNAVAILABLE', 503);
     assert.match(err.message, new RegExp(P1));
     assert.match(err.message, /ECONNREFUSED/);
@@ -349,7 +389,7 @@ describe('Allocator.admit', { timeout: 30_000 }, () => {
   it('passes a refusal code through; an unexpected one becomes UNAVAILABLE', async () => {
     const { allocator } = remoteSetup();
     let answer: AdmissionAnswer = { granted: false, code: 'SERVICE_LIMIT_EXCEEDED', error: 'full' };
-    allocator.connect(async () => answer);
+    allocator.connect(async () => answer, inSync);
     const err = await rejectsCode(
       allocator.admitService(service('s1', LOCAL, P1)),
       'SERVICE_LIMIT_EXCEEDED',
@@ -376,7 +416,7 @@ describe('Allocator.admit', { timeout: 30_000 }, () => {
     a.allocator.connect(async (to, request) => {
       assert.equal(to.id, P1);
       return remote.answer(request, LOCAL);
-    });
+    }, inSync);
     await a.allocator.admitService(service('s1', LOCAL, P1));
     await rejectsCode(a.allocator.admitService(service('s2', P1, LOCAL)), 'SERVICE_LIMIT_EXCEEDED', 422);
     // An agent that is not the allocator says so instead of deciding.
@@ -398,7 +438,7 @@ describe('Allocator: racing creates at max - 1', { timeout: 30_000 }, () => {
       a.allocator.connect(async (_to, request) => {
         await new Promise((r) => setImmediate(r));
         return remote.answer(request, id(20 + i));
-      });
+      }, inSync);
     });
     const results = await Promise.allSettled([
       agents[0]!.allocator.admitService(service('x1', LOCAL, P1)),

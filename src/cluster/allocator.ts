@@ -12,6 +12,13 @@
  * Safety over availability: a cluster whose oldest peer is dead for good must remove it
  * (DELETE /v1/peers/{id}) to move the allocator to the next oldest.
  *
+ * A reservation ends when its record (or that record's tombstone) reaches the allocator, when
+ * its requester asks again for the same pair, or RESERVATION_TTL_MS after the grant provided
+ * the requester's state has since been seen equal to the allocator's (a digest root match at
+ * least half the TTL after the grant: by then a committed record would be in it, so it holds
+ * none) or the requester is gone. A requester cut off right after its grant keeps its slot until
+ * it is heard from in sync, so the limit holds through a partition.
+ *
  * Known window: reservations live in memory. If the allocator is killed between granting an
  * admission and receiving the new record by gossip (milliseconds: the creator pushes it at
  * once), a second creator could be admitted past the limit.
@@ -57,7 +64,12 @@ interface Reservation {
   /** The agent the admission was granted to. */
   requester: string;
   expiresAt: number;
+  /** A match of the requester's digest root after this moment shows it holds no such record. */
+  settledAfter: number;
 }
+
+/** Whether a peer's digest root has matched ours at or after `since` (the gossip engine knows). */
+export type InSyncSince = (peerId: string, since: number) => boolean;
 
 const ANSWER_CODES: ReadonlySet<string> = new Set([
   'SERVICE_LIMIT_EXCEEDED',
@@ -68,6 +80,7 @@ const ANSWER_CODES: ReadonlySet<string> = new Set([
 export class Allocator implements Admission {
   private readonly reservations = new Map<string, Reservation>();
   private call: AdmissionCall | undefined;
+  private inSyncSince: InSyncSince = () => true;
 
   constructor(
     private readonly store: Store,
@@ -75,9 +88,13 @@ export class Allocator implements Admission {
     private readonly clock: Clock,
   ) {}
 
-  /** The gossip engine provides the transport once it exists (it needs the allocator too). */
-  connect(call: AdmissionCall): void {
+  /**
+   * The gossip engine provides the transport once it exists (it needs the allocator too), and
+   * what it saw of each peer's digest root, which ends expired reservations.
+   */
+  connect(call: AdmissionCall, inSyncSince: InSyncSince): void {
     this.call = call;
+    this.inSyncSince = inSyncSince;
   }
 
   /** The oldest active peer: the same answer on every agent that holds the same peers. */
@@ -170,8 +187,7 @@ export class Allocator implements Admission {
       this.reservations.set(request.id, {
         kind: 'service',
         pair,
-        requester,
-        expiresAt: this.clock.now() + RESERVATION_TTL_MS,
+        ...this.terms(requester),
       });
       return;
     }
@@ -187,11 +203,7 @@ export class Allocator implements Admission {
     }
     for (const id of request.ids) {
       if (!this.store.peer(id)) {
-        this.reservations.set(id, {
-          kind: 'peer',
-          requester,
-          expiresAt: this.clock.now() + RESERVATION_TTL_MS,
-        });
+        this.reservations.set(id, { kind: 'peer', ...this.terms(requester) });
       }
     }
   }
@@ -218,13 +230,26 @@ export class Allocator implements Admission {
     }
   }
 
+  private terms(requester: string): Pick<Reservation, 'requester' | 'expiresAt' | 'settledAfter'> {
+    const now = this.clock.now();
+    return { requester, expiresAt: now + RESERVATION_TTL_MS, settledAfter: now + RESERVATION_TTL_MS / 2 };
+  }
+
   private prune(): void {
     const now = this.clock.now();
     for (const [id, r] of this.reservations) {
       // Landed (gossip brought the record) or already deleted again: the store counts it now.
       const key = r.kind === 'service' ? `service/${id}` : `peer/${id}`;
       const landed = r.kind === 'service' ? this.store.service(id) : this.store.peer(id);
-      if (r.expiresAt <= now || landed || this.store.tombstone(key)) this.reservations.delete(id);
+      if (landed || this.store.tombstone(key)) {
+        this.reservations.delete(id);
+        continue;
+      }
+      if (r.expiresAt > now) continue;
+      // Expired: ended only if the requester cannot hold the record unseen (docs above).
+      const local = r.requester === this.localPeerId;
+      const gone = !local && !this.store.peer(r.requester)?.isActive;
+      if (local || gone || this.inSyncSince(r.requester, r.settledAfter)) this.reservations.delete(id);
     }
   }
 }

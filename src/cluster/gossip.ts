@@ -130,7 +130,10 @@ export class Gossip {
       deps.logger[to === 'dead' ? 'warn' : 'info']({ peer_id: peerId, from, to }, 'peer liveness changed');
       this.updatePeerGauge();
     });
-    deps.allocator.connect((allocator, request) => this.allocate(allocator, request));
+    deps.allocator.connect(
+      (allocator, request) => this.allocate(allocator, request),
+      (peerId, since) => (this.matchedAt.get(peerId) ?? 0) >= since,
+    );
     deps.store.onWrite(() => this.schedulePush());
   }
 
