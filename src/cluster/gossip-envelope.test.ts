@@ -216,6 +216,15 @@ describe('gossip envelope: seal and open', { timeout: 30_000 }, () => {
     assert.equal(reason(sealed(), ctx), 'ok');
   });
 
+  it('refuses a message sent before the replay memory began (a restart): replay', () => {
+    const ctx = context({ notBefore: NOW - 1000 });
+    assert.equal(reason(sealed({ sent_at: NOW - 1001 }), ctx), 'replay');
+    assert.equal(reason(sealed({ sent_at: NOW - 1000 }), ctx), 'ok');
+    // Still a forgery first: the time alone does not make a message a replay.
+    const forged = { ...sealed({ sent_at: NOW - 1001 }), sig: sealed().sig };
+    assert.equal(reason(forged, ctx), 'bad_signature');
+  });
+
   it('remembers a nonce only once the message passed every other check', () => {
     const ctx = context();
     const env = sealed();

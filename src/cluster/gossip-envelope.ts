@@ -68,6 +68,11 @@ export interface OpenContext {
   sender(peerId: string): SenderKey | undefined;
   macKey(kid: string): Buffer | undefined;
   replay: ReplayGuard;
+  /**
+   * When the replay memory began (the agent's start): a message sent before then may have been
+   * seen by this agent before a restart, so it is refused as a replay.
+   */
+  notBefore?: number;
 }
 
 export function seal(
@@ -137,6 +142,7 @@ export function open(raw: unknown, ctx: OpenContext): Opened {
   if (!verifyPeerSignature(sender.publicKey, signingInput(env.kid, env.mac, env.payload), signature)) {
     return { ok: false, reason: 'bad_signature' };
   }
+  if (ctx.notBefore !== undefined && p.sent_at < ctx.notBefore) return { ok: false, reason: 'replay' };
   if (!ctx.replay.first(p.from, p.nonce, p.sent_at + ctx.windowMs, ctx.now)) {
     return { ok: false, reason: 'replay' };
   }

@@ -97,6 +97,8 @@ class InvalidReply extends Error {
 export class Gossip {
   private readonly fd: FailureDetector;
   private readonly replay = new ReplayGuard();
+  /** The replay memory is as old as this engine: older messages are refused (gossip-envelope.ts). */
+  private readonly startedAt: number;
   private readonly rumors: { rumor: LivenessRumor; left: number }[] = [];
   /** The digest entries as of the last push: what changed since is what to push next. */
   private pushed = new Map<string, string>();
@@ -116,6 +118,7 @@ export class Gossip {
 
   constructor(private readonly deps: GossipDeps) {
     const { identity, clock, config } = deps;
+    this.startedAt = clock.now();
     this.fd = new FailureDetector(
       identity.peerId,
       {
@@ -619,6 +622,7 @@ export class Gossip {
       },
       macKey: (kid) => credential.macKey(kid),
       replay: this.replay,
+      notBefore: this.startedAt,
     });
     if (!opened.ok) metrics.rejected.labels(opened.reason).inc();
     return opened;
