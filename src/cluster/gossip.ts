@@ -391,10 +391,21 @@ export class Gossip {
       scope ? { root: digest.root, entries, scope } : { root: digest.root, entries },
       this.slowTimeout(),
     )) as { records?: unknown; want?: unknown };
-    if (Array.isArray(answer.records)) this.merge(answer.records.slice(0, MAX_RECORDS_PER_MESSAGE));
-    if (Array.isArray(answer.want) && answer.want.length > 0) {
-      const records = answer.want
-        .slice(0, MAX_RECORDS_PER_MESSAGE)
+    const received = Array.isArray(answer.records) ? answer.records.slice(0, MAX_RECORDS_PER_MESSAGE) : [];
+    this.merge(received);
+    const wanted = Array.isArray(answer.want) ? answer.want.slice(0, MAX_RECORDS_PER_MESSAGE) : [];
+    // Also what the peer sent that we hold newer: above all a deletion past the horizon, which our
+    // digest no longer lists, so the peer would otherwise keep the record until it probes us.
+    const outdated = received.flatMap((r) => {
+      const key = (r as Partial<WireRecord> | null)?.key;
+      const vkey = (r as Partial<WireRecord> | null)?.vkey;
+      if (typeof key !== 'string' || typeof vkey !== 'string') return [];
+      const held = replica.vkeyOf(key);
+      return held !== undefined && held > vkey ? [key] : [];
+    });
+    const keys = [...new Set([...wanted, ...outdated])];
+    if (keys.length > 0) {
+      const records = keys
         .map((k) => (typeof k === 'string' ? replica.record(k) : undefined))
         .filter((r): r is WireRecord => r !== undefined);
       await this.request(peer, 'push', { records, rumors: [] }, this.slowTimeout());

@@ -231,4 +231,43 @@ describe('tombstone collection', { timeout: 120_000 }, () => {
       }
     }
   });
+
+  it('an agent back from the horizon that starts no exchange itself is corrected by those that probe it', async () => {
+    const s = await serviceWithRoute(members, a, b);
+    await setBlocked(c, [a.peerId, b.peerId]);
+    await setBlocked(a, [c.peerId]);
+    await setBlocked(b, [c.peerId]);
+    try {
+      const del = await a.agent.client.delete(`/v1/services/${s.id}`, { token: a.token });
+      assert.equal(del.status, 200, del.text);
+      await eventually('B applied the deletion', async () =>
+        (await serviceStatus(b, s.id)) === 404 ? true : undefined,
+      );
+      await advanceClocks(members, PAST_HORIZON_MS);
+      // C answers whatever it is sent but every request of its own is dropped: only A's and B's
+      // exchanges can reach it, and their digests no longer list the deletion.
+      await setFaults(c, [], 1);
+      await setBlocked(a, []);
+      await setBlocked(b, []);
+      await eventually(
+        'C drops the service deleted while it was away',
+        async () => ((await serviceStatus(c, s.id)) === 404 ? true : undefined),
+        15_000,
+      );
+      assert.ok(!storedRouteIds(c).includes(s.routeId), 'and its route');
+    } finally {
+      for (const m of members) await setFaults(m, [], 0).catch(() => undefined);
+    }
+    const view = (await waitForConvergence(members, 20_000)) as { services: { id: string }[] };
+    assert.ok(!view.services.some((x) => x.id === s.id), 'the deletion won everywhere');
+  });
 });
+
+/** The fault switch: gossip to and from `blocked` cut, and `loss` of this agent's requests dropped. */
+async function setFaults(m: Member, blocked: string[], loss: number): Promise<void> {
+  const res = await m.agent.client.put('/internal/v1/test/faults', {
+    token: m.token,
+    json: { blocked_peer_ids: blocked, loss },
+  });
+  assert.equal(res.status, 200, res.text);
+}
