@@ -2,7 +2,8 @@
  * Prometheus metrics of gossip, registered in the agent's own registry (DECISIONS §7): messages
  * and bytes by type and direction, refused messages by reason (the counter that shows forged,
  * replayed, stale or unauthorized gossip), records merged, how long a change took to reach this
- * agent (convergence), and peers by liveness.
+ * agent (convergence), peers by liveness, and this agent's own SWIM incarnation (it rises each
+ * time the agent refutes a suspicion of itself, so a flapping agent shows).
  */
 import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
 
@@ -16,6 +17,7 @@ export class GossipMetrics {
   readonly sendFailures: Counter<'type'>;
   readonly peers: Gauge<'state'>;
   readonly antiEntropyRounds: Counter;
+  readonly incarnation: Gauge;
 
   constructor(registry: Registry) {
     const registers = [registry];
@@ -68,6 +70,11 @@ export class GossipMetrics {
     this.antiEntropyRounds = new Counter({
       name: 'mesh_gossip_anti_entropy_total',
       help: 'Anti-entropy exchanges this agent started (digest, then the missing records).',
+      registers,
+    });
+    this.incarnation = new Gauge({
+      name: 'mesh_gossip_incarnation',
+      help: "This agent's SWIM incarnation: raised each time it refutes a suspicion of itself.",
       registers,
     });
   }

@@ -754,6 +754,7 @@ export class Gossip {
     const counts = { alive: 0, suspect: 0, dead: 0 };
     for (const id of this.otherActiveIds()) counts[this.fd.liveness(id)?.state ?? 'alive']++;
     for (const [state, n] of Object.entries(counts)) this.deps.metrics.peers.labels(state).set(n);
+    this.deps.metrics.incarnation.set(this.fd.incarnation);
   }
 }
 

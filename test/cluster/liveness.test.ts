@@ -1,0 +1,109 @@
+/**
+ * Failure detection in a running cluster (SWIM with Lifeguard's refutation, docs/gossip.md "The
+ * round"): an agent frozen with SIGSTOP is suspected by the others; once it runs again it hears of
+ * the suspicion, refutes it with a higher incarnation (mesh_gossip_incarnation), and every agent
+ * reports it alive and reachable again without anyone touching it. The frozen agent's own view of
+ * the others is not trusted either way while it was frozen, so only the others' views are read.
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { eventually, type Member, startCluster, stopAll } from '../helpers/gossip-forge.js';
+import { makeVendor } from '../helpers/licenses.js';
+
+const vendor = makeVendor();
+
+async function metricsText(m: Member): Promise<string> {
+  const res = await m.agent.client.get('/metrics', { token: m.token });
+  assert.equal(res.status, 200, res.text);
+  return res.text;
+}
+
+function gauge(text: string, series: string): number {
+  const line = text.split('\n').find((l) => l.startsWith(`${series} `));
+  return line ? Number(line.slice(series.length + 1)) : Number.NaN;
+}
+
+const peersIn = (text: string, state: 'alive' | 'suspect' | 'dead') =>
+  gauge(text, `mesh_gossip_peers{state="${state}"}`);
+
+async function reachableOn(observer: Member, peerId: string): Promise<boolean> {
+  const res = await observer.agent.client.get(`/v1/peers/${peerId}`, { token: observer.token });
+  assert.equal(res.status, 200, res.text);
+  return res.body.reachable as boolean;
+}
+
+describe('failure detection: suspicion and refutation between real agents', { timeout: 60_000 }, () => {
+  let members: Member[] = [];
+  let a: Member;
+  let b: Member;
+  let c: Member;
+
+  before(async () => {
+    members = await startCluster(vendor, 3, { license_id: 'L-live', max_nodes: 3, max_services: 3 });
+    [a, b, c] = members as [Member, Member, Member];
+  });
+
+  after(async () => {
+    // Never leave a stopped process behind.
+    try {
+      process.kill(c.agent.pid, 'SIGCONT');
+    } catch {
+      // already gone
+    }
+    await stopAll(members);
+  });
+
+  it('a frozen agent is suspected, refutes once it runs again, and is alive everywhere', async (t) => {
+    for (const m of [a, b]) {
+      await eventually(`${m.peerId} sees both others alive`, async () =>
+        peersIn(await metricsText(m), 'alive') === 2 ? true : undefined,
+      );
+    }
+    const incarnationBefore = gauge(await metricsText(c), 'mesh_gossip_incarnation');
+    assert.equal(incarnationBefore, 0, 'nobody has suspected C yet');
+
+    process.kill(c.agent.pid, 'SIGSTOP');
+    let suspectedAt: number | undefined;
+    const frozenAt = Date.now();
+    try {
+      // At a 200 ms interval a missed probe plus the indirect probes take well under 2 s.
+      await eventually(
+        'A or B holds C suspect or dead',
+        async () => {
+          for (const m of [a, b]) {
+            const text = await metricsText(m);
+            if (peersIn(text, 'suspect') + peersIn(text, 'dead') >= 1) return true;
+          }
+          return undefined;
+        },
+        10_000,
+        20,
+      );
+      suspectedAt = Date.now() - frozenAt;
+      // Long enough for the suspicion to have spread (a rumor) and possibly timed out to dead.
+      await new Promise((r) => setTimeout(r, 1_500));
+    } finally {
+      process.kill(c.agent.pid, 'SIGCONT');
+    }
+    const resumedAt = Date.now();
+
+    await eventually(
+      'C raised its incarnation (it refuted the suspicion)',
+      async () => (gauge(await metricsText(c), 'mesh_gossip_incarnation') > 0 ? true : undefined),
+      10_000,
+    );
+    for (const m of [a, b]) {
+      await eventually(
+        `${m.peerId} holds both others alive and C reachable`,
+        async () => {
+          const text = await metricsText(m);
+          return peersIn(text, 'alive') === 2 && (await reachableOn(m, c.peerId)) ? true : undefined;
+        },
+        10_000,
+      );
+    }
+    t.diagnostic(
+      `suspected ${suspectedAt} ms after SIGSTOP; alive again everywhere ${Date.now() - resumedAt} ms after SIGCONT`,
+    );
+  });
+});
