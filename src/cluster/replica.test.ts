@@ -906,6 +906,24 @@ describe('Replica: tombstone horizon', { timeout: 60_000 }, () => {
     assertConverged(nodes);
   });
 
+  it('the digest is rebuilt as time passes only when a tombstone leaves it', async () => {
+    const nodes = cluster(2, { horizonMs: HORIZON });
+    const [a] = nodes as [Node, Node];
+    const { key, del } = await deletedService(nodes);
+    const written = decodeStamp(parseVkey(del[0]!.vkey)!.stamp)!.wall;
+    const first = a.replica.digest();
+    assert.ok(first.entries.has(key));
+    for (const n of nodes) n.clock.set(written + HORIZON);
+    assert.equal(a.replica.digest(), first, 'the same digest while the tombstone is inside');
+    for (const n of nodes) n.clock.set(written + HORIZON + 1000);
+    const after = a.replica.digest();
+    assert.notEqual(after, first);
+    assert.equal(after.entries.has(key), false);
+    for (const n of nodes) n.clock.set(written + HORIZON + 60_000);
+    assert.equal(a.replica.digest(), after, 'and the same again with no tombstone left to pass');
+    close(nodes);
+  });
+
   it('collectTombstones deletes them only once every peer matched after the horizon', async () => {
     const nodes = cluster(2, { horizonMs: HORIZON });
     const [a] = nodes as [Node, Node];

@@ -64,7 +64,15 @@ export interface ApplyResult {
 }
 
 export class Replica {
-  private cachedDigest: { generation: number; cutoff: number; digest: Digest } | undefined;
+  private cachedDigest:
+    | {
+        generation: number;
+        cutoff: number;
+        /** The oldest tombstone wall time in the digest: it leaves once the cutoff passes it. */
+        firstTombstoneWall: number;
+        digest: Digest;
+      }
+    | undefined;
   private cachedBuckets: { digest: Digest; buckets: string[] } | undefined;
   /** Set when another agent removed this one; reported by /readyz and logged once. */
   removedFromCluster = false;
@@ -192,9 +200,17 @@ export class Replica {
   digest(): Digest {
     const cutoff = this.horizonCutoff();
     const cached = this.cachedDigest;
-    if (cached && cached.generation === this.store.generation && cached.cutoff === cutoff) {
+    // The cutoff moves every second, but the digest changes only when it passes a tombstone the
+    // digest holds: rebuilding it each second cost an idle agent with 650 records a few ms a second.
+    if (
+      cached &&
+      cached.generation === this.store.generation &&
+      cutoff >= cached.cutoff &&
+      cutoff <= cached.firstTombstoneWall
+    ) {
       return cached.digest;
     }
+    let firstTombstoneWall = Number.POSITIVE_INFINITY;
     const entries = new Map<string, string>();
     const state = this.store.agentState();
     if (state) {
@@ -206,14 +222,17 @@ export class Replica {
         for (const r of this.store.routesOf(s.id)) entries.set(keyOf('route', r.id), r.vkey);
       }
       for (const t of this.store.tombstones().values()) {
-        if (vkeyWall(t.vkey) >= cutoff) entries.set(t.key, t.vkey);
+        const wall = vkeyWall(t.vkey);
+        if (wall < cutoff) continue;
+        entries.set(t.key, t.vkey);
+        firstTombstoneWall = Math.min(firstTombstoneWall, wall);
       }
     }
     const lines = [...entries].map(([k, v]) => `${k} ${v}\n`).sort();
     const hash = createHash('sha256');
     for (const line of lines) hash.update(line);
     const digest = { root: hash.digest('base64url'), entries };
-    this.cachedDigest = { generation: this.store.generation, cutoff, digest };
+    this.cachedDigest = { generation: this.store.generation, cutoff, firstTombstoneWall, digest };
     return digest;
   }
 
