@@ -95,6 +95,8 @@ describe('replication under faults', { timeout: 120_000 }, () => {
       assert.equal(await reachable(x, y), true, 'everyone reachable before the cut');
     }
 
+    /** C's last_seen_at on A, read during the cut. */
+    let seenDuringCut = '';
     // Cut C off from A and B, in both directions.
     await setFaults(c, [a.peerId, b.peerId]);
     await setFaults(a, [c.peerId]);
@@ -132,6 +134,9 @@ describe('replication under faults', { timeout: 120_000 }, () => {
       await waitReachable(a, c, false);
       await waitReachable(c, a, false);
       await waitReachable(c, b, false);
+      // last_seen_at is A's own observation of C: frozen while nothing from C gets through.
+      seenDuringCut = (await get(a, `/v1/peers/${c.peerId}`)).body.last_seen_at;
+      assert.equal(typeof seenDuringCut, 'string', 'A saw C before the cut');
       // A sync on either side runs, but crosses nothing.
       for (const n of [a, c]) {
         const res = await post(n, '/v1/cluster/sync');
@@ -140,6 +145,11 @@ describe('replication under faults', { timeout: 120_000 }, () => {
       }
       // Seconds into the cut, after probes and anti-entropy rounds: still nothing crossed.
       expectStatus(await get(c, `/v1/services/${sAB}`), 404, 'A→B on C while cut');
+      assert.equal(
+        (await get(a, `/v1/peers/${c.peerId}`)).body.last_seen_at,
+        seenDuringCut,
+        "C's last_seen_at on A did not move during the cut",
+      );
       assert.equal((await get(c, `/v1/services/${sAC}`)).body.bandwidth_limit_mbps, 222);
       for (const n of [a, b]) {
         assert.notEqual((await get(n, `/v1/peers/${a.peerId}`)).body.name, 'alpha-as-c-says');
@@ -168,6 +178,10 @@ describe('replication under faults', { timeout: 120_000 }, () => {
     await waitReachable(a, c, true);
     await waitReachable(c, a, true);
     await waitReachable(c, b, true);
+    await eventually("C's last_seen_at on A moves again after the heal", async () => {
+      const seen = (await get(a, `/v1/peers/${c.peerId}`)).body.last_seen_at as string;
+      return Date.parse(seen) > Date.parse(seenDuringCut) ? true : undefined;
+    });
   });
 
   it('an agent killed with SIGKILL while another takes writes loses nothing acknowledged', async () => {
