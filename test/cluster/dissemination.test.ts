@@ -70,8 +70,19 @@ describe('dissemination without anti-entropy rounds', { timeout: 90_000 }, () =>
       QUIET_ARGS,
     );
     [a, b, c, d] = members as [Member, Member, Member, Member];
-    // Let the joins' own anti-entropy exchanges finish before counting.
-    await new Promise((r) => setTimeout(r, 500));
+    // Let the joins' own anti-entropy exchanges finish before counting: no new one for 1 s.
+    let last = -1;
+    await eventually(
+      'the joins’ anti-entropy exchanges are over',
+      async () => {
+        const now = await antiEntropySent(members);
+        const settled = now === last;
+        last = now;
+        return settled ? true : undefined;
+      },
+      15_000,
+      1_000,
+    );
   });
 
   after(async () => {
