@@ -33,6 +33,10 @@ export interface PhaseLoad {
 
 export interface GossipCounters {
   bytesSent: number;
+  /** mesh_gossip_http_bytes_total, both directions: every exchange's HTTP bytes, counted once. */
+  httpBytes: number;
+  /** The same, of probe exchanges only (ping and its answer). */
+  pingHttpBytes: number;
   messagesSent: number;
   antiEntropy: number;
   /** Gauges: remote peers the agents hold suspect or dead right now. */
@@ -198,6 +202,8 @@ function parseCounters(text: string): GossipCounters {
   };
   return {
     bytesSent: sum(/^mesh_gossip_bytes_total\{direction="sent"\} (\S+)$/gm),
+    httpBytes: sum(/^mesh_gossip_http_bytes_total\{[^}]*\} (\S+)$/gm),
+    pingHttpBytes: sum(/^mesh_gossip_http_bytes_total\{type="ping",[^}]*\} (\S+)$/gm),
     messagesSent: sum(/^mesh_gossip_messages_total\{[^}]*direction="sent"[^}]*\} (\S+)$/gm),
     antiEntropy: sum(/^mesh_gossip_anti_entropy_total (\S+)$/gm),
     suspect: sum(/^mesh_gossip_peers\{state="suspect"\} (\S+)$/gm),
@@ -213,6 +219,8 @@ function parseCounters(text: string): GossipCounters {
 export function addCounters(all: readonly GossipCounters[]): GossipCounters {
   const total: GossipCounters = {
     bytesSent: 0,
+    httpBytes: 0,
+    pingHttpBytes: 0,
     messagesSent: 0,
     antiEntropy: 0,
     suspect: 0,
@@ -221,6 +229,8 @@ export function addCounters(all: readonly GossipCounters[]): GossipCounters {
   };
   for (const c of all) {
     total.bytesSent += c.bytesSent;
+    total.httpBytes += c.httpBytes;
+    total.pingHttpBytes += c.pingHttpBytes;
     total.messagesSent += c.messagesSent;
     total.antiEntropy += c.antiEntropy;
     total.suspect += c.suspect;

@@ -10,6 +10,7 @@ import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
 export class GossipMetrics {
   readonly messages: Counter<'type' | 'direction'>;
   readonly bytes: Counter<'direction'>;
+  readonly httpBytes: Counter<'type' | 'direction'>;
   readonly rejected: Counter<'reason'>;
   readonly recordsApplied: Counter;
   readonly recordsMalformed: Counter;
@@ -31,6 +32,14 @@ export class GossipMetrics {
       name: 'mesh_gossip_bytes_total',
       help: 'Bytes of gossip envelopes, by direction (sent counts requests and replies this agent sealed).',
       labelNames: ['direction'] as const,
+      registers,
+    });
+    this.httpBytes = new Counter({
+      name: 'mesh_gossip_http_bytes_total',
+      help:
+        'HTTP bytes of the gossip exchanges this agent started, counted on the connection with headers, ' +
+        'by request type: its requests (sent) and their answers (received).',
+      labelNames: ['type', 'direction'] as const,
       registers,
     });
     this.rejected = new Counter({

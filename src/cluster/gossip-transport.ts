@@ -5,6 +5,7 @@
  */
 import http from 'node:http';
 import https from 'node:https';
+import type net from 'node:net';
 import type { Envelope } from './gossip-envelope.js';
 
 export const GOSSIP_PATH = '/internal/v1/gossip';
@@ -14,6 +15,11 @@ const MAX_ANSWER_BYTES = 32 * 1024 * 1024;
 export interface GossipReply {
   status: number;
   body: unknown;
+  /**
+   * Bytes the exchange took on its connection, HTTP headers included (on HTTPS: before
+   * encryption): the request as written, the answer as read.
+   */
+  wireBytes?: { sent: number; received: number };
 }
 
 export interface GossipTransport {
@@ -45,6 +51,11 @@ export class HttpGossipTransport implements GossipTransport {
           timeout: timeoutMs,
         },
         (res) => {
+          const wireBytes = () =>
+            socket && {
+              sent: socket.bytesWritten - writtenBefore,
+              received: socket.bytesRead - readBefore,
+            };
           const chunks: Buffer[] = [];
           let size = 0;
           res.on('data', (c: Buffer) => {
@@ -57,6 +68,7 @@ export class HttpGossipTransport implements GossipTransport {
               resolve({
                 status: res.statusCode ?? 0,
                 body: JSON.parse(Buffer.concat(chunks).toString('utf8')),
+                wireBytes: wireBytes(),
               });
             } catch {
               reject(new Error(`unreadable answer (status ${res.statusCode})`));
@@ -65,6 +77,16 @@ export class HttpGossipTransport implements GossipTransport {
           res.on('error', reject);
         },
       );
+      // A kept-alive connection carries one exchange at a time: the counters' growth between its
+      // assignment and the answer's end is this exchange's.
+      let socket: net.Socket | undefined;
+      let writtenBefore = 0;
+      let readBefore = 0;
+      req.on('socket', (s) => {
+        socket = s;
+        writtenBefore = s.bytesWritten;
+        readBefore = s.bytesRead;
+      });
       const timer = setTimeout(() => req.destroy(new Error(`no answer within ${timeoutMs} ms`)), timeoutMs);
       req.on('close', () => clearTimeout(timer));
       req.on('error', reject);

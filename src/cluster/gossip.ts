@@ -603,6 +603,11 @@ export class Gossip {
     metrics.messages.labels(type, 'sent').inc();
     metrics.bytes.labels('sent').inc(envelope.payload.length + 200);
     const reply = await transport.post(peer.address, envelope, timeoutMs);
+    // Every answered exchange crossed the wire, refused or not.
+    if (reply.wireBytes) {
+      metrics.httpBytes.labels(type, 'sent').inc(reply.wireBytes.sent);
+      metrics.httpBytes.labels(type, 'received').inc(reply.wireBytes.received);
+    }
     if (reply.status !== 200) {
       throw new GossipRefused(refusalReason(reply.body) ?? `status ${reply.status}`);
     }
