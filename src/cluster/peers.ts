@@ -185,6 +185,7 @@ export class Peers {
         throw new ApiError('ALREADY_EXISTS', `peer ${responder.peer_id} is already in the cluster`);
       }
       this.checkNodeLimit(state, responder.active_peer_ids);
+      this.checkServiceLimit(state, responder.service_count);
       const record = this.newRemotePeer(responder, address);
       this.store.insertPeer(record);
       this.mergeClusters(me, myRecords, responder, theirRecords);
@@ -296,6 +297,8 @@ export class Peers {
         throw new ApiError('ALREADY_EXISTS', `peer ${initiator.peer_id} is already in the cluster`);
       }
       this.checkNodeLimit(state, initiator.active_peer_ids);
+      // Again at the write: a service created here while the handshake ran counts too.
+      this.checkServiceLimit(state, initiator.service_count);
       this.store.insertPeer(this.newRemotePeer(initiator, address));
       this.mergeClusters(me, mine, initiator, theirRecords);
       return mine;
@@ -340,9 +343,9 @@ export class Peers {
           'this is the local peer: leave the cluster with DELETE /v1/peers/self',
         );
       }
-      this.replica.deletePeerAndServices(id, this.clock.now());
       // The tombstone keeps anti-entropy from bringing the peer back (DECISIONS §5).
       const tombstone = { key: keyOf('peer', id), vkey: this.replica.nextVkey(peer.vkey, PEER_RANK.removed) };
+      this.replica.deletePeerAndServices(id, tombstone.vkey, this.clock.now());
       this.store.putTombstone({ ...tombstone, arrivedAt: this.clock.now() });
       return { peer, tombstone: { ...tombstone, body: null } };
     });

@@ -224,12 +224,9 @@ const ids = (node: Node) => node.store.services().map((s) => s.id);
 function removePeer(node: Node, peerId: string): void {
   node.store.transaction(() => {
     const p = node.store.peer(peerId)!;
-    node.replica.deletePeerAndServices(peerId, node.clock.now());
-    node.store.putTombstone({
-      key: keyOf('peer', peerId),
-      vkey: node.replica.nextVkey(p.vkey, PEER_RANK.removed),
-      arrivedAt: node.clock.now(),
-    });
+    const vkey = node.replica.nextVkey(p.vkey, PEER_RANK.removed);
+    node.replica.deletePeerAndServices(peerId, vkey, node.clock.now());
+    node.store.putTombstone({ key: keyOf('peer', peerId), vkey, arrivedAt: node.clock.now() });
   });
 }
 
@@ -771,15 +768,27 @@ describe('Replica: merge rules', { timeout: 60_000 }, () => {
     assert.equal(b.store.tombstones().size, 0);
   });
 
-  it('a peer removed and added again brings none of its old services back, told or not', async () => {
-    for (const told of [false, true]) {
-      const [a, d] = cluster(2) as [Node, Node];
+  it('a peer removed and added again brings none of its old services back, told or not, however old they are', async () => {
+    for (const [told, ageMs] of [
+      [false, 0],
+      [true, 0],
+      [false, 2 * HOUR],
+    ] as const) {
+      const [a, d] = cluster(2, { horizonMs: HOUR }) as [Node, Node];
       const dId = d.identity.peerId;
       const s = await a.config.create(serviceInput(a, d));
       a.config.addRoutes(s.id, [{ priority: 1, dest_cidr: '10.0.0.0/8' }]);
       d.replica.apply(allRecords(a));
       assert.deepEqual(ids(d), [s.id]);
+      // A service written long before the removal: its tombstone must still last the horizon.
+      for (const n of [a, d]) n.clock.advance(ageMs);
       const removal = await changes(a, () => removePeer(a, dId));
+      assert.equal(
+        a.replica.collectTombstones(() => true),
+        0,
+        'nothing collectable right after',
+      );
+      assert.ok(a.replica.digest().entries.has(keyOf('service', s.id)), 'the tombstone is in the digest');
       if (told) {
         d.replica.apply(removal);
         assert.deepEqual(ids(d), [], 'told: d forgets the services');
@@ -795,7 +804,7 @@ describe('Replica: merge rules', { timeout: 60_000 }, () => {
       });
       // Anti-entropy both ways: d's old service (if it still has it) does not come back.
       a.replica.apply(allRecords(d));
-      assert.deepEqual(ids(a), [], `told: ${told}: the service stays deleted on a`);
+      assert.deepEqual(ids(a), [], `told: ${told}, age ${ageMs}: the service stays deleted on a`);
       d.replica.apply(allRecords(a));
       assert.deepEqual(ids(d), [], `told: ${told}: and is deleted on d`);
       assert.equal(d.store.routesOf(s.id).length, 0);

@@ -277,7 +277,7 @@ export class Replica {
         this.removedFromCluster = true;
         return undefined;
       }
-      if (kind === 'peer') this.deletePeerAndServices(id, nowMs);
+      if (kind === 'peer') this.deletePeerAndServices(id, r.vkey, nowMs);
       else if (kind === 'service') this.store.deleteService(id);
       else if (kind === 'route') this.store.deleteRoute(Number(id));
       this.store.putTombstone({ key: r.key, vkey: r.vkey, arrivedAt: nowMs });
@@ -355,21 +355,22 @@ export class Replica {
   }
 
   /**
-   * Deletes tombstones that have left the digest and that every active peer has seen:
-   * `matchedSince(t)` says whether every active peer matched our digest at or after time t.
-   */
-  /**
    * Removes a peer, with a tombstone for each of its services. The peer's own tombstone is
    * replaced when the peer is added again, so a service deleted only by the cascade would come
-   * back then from any agent that still held it. Every agent derives the same tombstones (each at
-   * its service's vkey, deletion rank). Routes need none: a route whose service is missing is
-   * never stored. For DELETE /v1/peers/{id} and a removed-peer tombstone from gossip; inside a
-   * store transaction.
+   * back then from any agent that still held it. Each service's tombstone takes the service's
+   * epoch, the deletion rank (it beats every live version of that epoch) and the stamp of the
+   * peer's removal `removalVkey`: every agent derives the same ones, and they stay in digests for
+   * the whole horizon after the removal (the service's own stamp may be older than the horizon,
+   * and its tombstone would leave at once). Routes need none: a route whose service is missing
+   * is never stored. For DELETE /v1/peers/{id} and a removed-peer tombstone from gossip; inside
+   * a store transaction.
    */
-  deletePeerAndServices(peerId: string, nowMs: number): void {
+  deletePeerAndServices(peerId: string, removalVkey: string, nowMs: number): void {
+    const removal = parseVkey(removalVkey)!;
     for (const s of this.store.services()) {
       if (s.sourcePeerId !== peerId && s.targetPeerId !== peerId) continue;
-      this.store.putTombstone({ key: keyOf('service', s.id), vkey: tombstoneVkey(s.vkey), arrivedAt: nowMs });
+      const vkey = makeVkey(epochOf(s.vkey), DELETED_RANK, removal.stamp);
+      this.store.putTombstone({ key: keyOf('service', s.id), vkey, arrivedAt: nowMs });
     }
     this.store.deletePeer(peerId);
   }
@@ -379,6 +380,10 @@ export class Replica {
     for (const s of this.store.services()) this.store.deleteService(s.id);
   }
 
+  /**
+   * Deletes tombstones that have left the digest and that every active peer has seen:
+   * `matchedSince(t)` says whether every active peer matched our digest at or after time t.
+   */
   collectTombstones(matchedSince: (t: number) => boolean): number {
     const nowMs = this.clock.now();
     const expired = [...this.store.tombstones().values()].filter((t) => {
