@@ -81,6 +81,9 @@ export interface FaultSwitch {
   loss: number;
 }
 
+/** How long a peer that does not know digest buckets gets whole digests before we ask again. */
+const BUCKETLESS_RETRY_MS = 10 * 60_000;
+
 class GossipRefused extends Error {
   constructor(readonly reason: string) {
     super(`refused: ${reason}`);
@@ -103,6 +106,8 @@ export class Gossip {
   /** The digest entries as of the last push: what changed since is what to push next. */
   private pushed = new Map<string, string>();
   private pushScheduled = false;
+  /** Peers that refused a `buckets` message as malformed (an older build), and when. */
+  private readonly bucketless = new Map<string, number>();
   /** The anti-entropy exchange running with each peer: one at a time, and callers can wait. */
   private readonly syncing = new Map<string, Promise<void>>();
   /** When each peer last showed a digest root equal to ours (tombstone collection). */
@@ -414,10 +419,15 @@ export class Gossip {
 
   /**
    * The digest buckets in which a peer's state differs from ours (digest-buckets.ts), or
-   * undefined when the peer does not answer with buckets (an agent from before them): then the
-   * whole digest is exchanged, as it always was.
+   * undefined for a peer that refuses the message as malformed: an agent from before buckets,
+   * with which the whole digest is exchanged, as it always was. That is remembered for
+   * BUCKETLESS_RETRY_MS, so an upgrade in progress costs one refused message per peer per
+   * period, not one per exchange. Any other failure (timeout, loss) ends this exchange: the
+   * next probe starts another, instead of sending the whole digest to a peer that may not answer.
    */
   private async differingBucketsWith(peer: PeerRecord): Promise<number[] | undefined> {
+    const refusedAt = this.bucketless.get(peer.id);
+    if (refusedAt !== undefined && this.deps.clock.now() - refusedAt < BUCKETLESS_RETRY_MS) return undefined;
     try {
       const answer = (await this.request(
         peer,
@@ -425,9 +435,12 @@ export class Gossip {
         { buckets: this.deps.replica.digestBuckets() },
         this.slowTimeout(),
       )) as { differ?: unknown };
+      this.bucketless.delete(peer.id);
       const differ = scopeOf(answer.differ);
       return differ ? [...differ] : undefined;
-    } catch {
+    } catch (err) {
+      if (!(err instanceof GossipRefused && err.reason === 'malformed')) throw err;
+      this.bucketless.set(peer.id, this.deps.clock.now());
       return undefined;
     }
   }
