@@ -188,7 +188,8 @@ export class Gossip {
         // An exchange that began before this call may predate the writes the caller made: let
         // it end, so the one below (started by the probe, or here) covers them.
         await this.syncing.get(p.id)?.catch(() => undefined);
-        await this.ping(p.id, this.deps.config.intervalMs * 2, false);
+        // A peer that does not answer a probe would not answer the exchange either.
+        if (!(await this.ping(p.id, this.deps.config.intervalMs * 2, false))) return;
         await this.antiEntropy(p).catch(() => undefined);
       }),
     );
@@ -422,26 +423,31 @@ export class Gossip {
    * undefined for a peer that refuses the message as malformed: an agent from before buckets,
    * with which the whole digest is exchanged, as it always was. That is remembered for
    * BUCKETLESS_RETRY_MS, so an upgrade in progress costs one refused message per peer per
-   * period, not one per exchange. Any other failure (timeout, loss) ends this exchange: the
-   * next probe starts another, instead of sending the whole digest to a peer that may not answer.
+   * period, not one per exchange. Any other failure (timeout, loss) is tried once more, then
+   * ends this exchange (the next probe starts another), instead of sending the whole digest to a
+   * peer that may not answer: the bench at 20 % loss converged twice as slowly without the retry.
    */
   private async differingBucketsWith(peer: PeerRecord): Promise<number[] | undefined> {
     const refusedAt = this.bucketless.get(peer.id);
     if (refusedAt !== undefined && this.deps.clock.now() - refusedAt < BUCKETLESS_RETRY_MS) return undefined;
-    try {
-      const answer = (await this.request(
-        peer,
-        'buckets',
-        { buckets: this.deps.replica.digestBuckets() },
-        this.slowTimeout(),
-      )) as { differ?: unknown };
-      this.bucketless.delete(peer.id);
-      const differ = scopeOf(answer.differ);
-      return differ ? [...differ] : undefined;
-    } catch (err) {
-      if (!(err instanceof GossipRefused && err.reason === 'malformed')) throw err;
-      this.bucketless.set(peer.id, this.deps.clock.now());
-      return undefined;
+    for (let attempt = 1; ; attempt++) {
+      try {
+        const answer = (await this.request(
+          peer,
+          'buckets',
+          { buckets: this.deps.replica.digestBuckets() },
+          this.slowTimeout(),
+        )) as { differ?: unknown };
+        this.bucketless.delete(peer.id);
+        const differ = scopeOf(answer.differ);
+        return differ ? [...differ] : undefined;
+      } catch (err) {
+        if (err instanceof GossipRefused && err.reason === 'malformed') {
+          this.bucketless.set(peer.id, this.deps.clock.now());
+          return undefined;
+        }
+        if (attempt === 2 || err instanceof GossipRefused) throw err;
+      }
     }
   }
 
