@@ -6,32 +6,26 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
-import { eventually, type Member, setBlocked, startCluster, stopAll } from '../helpers/gossip-forge.js';
+import {
+  eventually,
+  gossipMessages,
+  type Member,
+  setBlocked,
+  setFaults,
+  startCluster,
+  stopAll,
+} from '../helpers/gossip-forge.js';
 import { makeVendor } from '../helpers/licenses.js';
 
 const vendor = makeVendor();
 /** No round during a test: changes move only by push and relay, or by an explicit sync. */
 const QUIET_ARGS = ['--gossip-interval-ms', '60000', '--test-hooks'];
 
-async function metricsText(m: Member): Promise<string> {
-  const res = await m.agent.client.get('/metrics', { token: m.token });
-  assert.equal(res.status, 200, res.text);
-  return res.text;
-}
-
-/** mesh_gossip_messages_total of one type and direction. */
-function messages(text: string, type: string, direction: 'sent' | 'received'): number {
-  const series = `mesh_gossip_messages_total{type="${type}",direction="${direction}"} `;
-  const line = text.split('\n').find((l) => l.startsWith(series));
-  return line ? Number(line.slice(series.length)) : 0;
-}
-
 /** Anti-entropy messages (bucket lists and digests) every member has sent so far. */
 async function antiEntropySent(members: readonly Member[]): Promise<number> {
   let sum = 0;
   for (const m of members) {
-    const text = await metricsText(m);
-    sum += messages(text, 'buckets', 'sent') + messages(text, 'digest', 'sent');
+    sum += (await gossipMessages(m, 'buckets', 'sent')) + (await gossipMessages(m, 'digest', 'sent'));
   }
   return sum;
 }
@@ -44,14 +38,6 @@ async function nameOn(m: Member, peerId: string): Promise<string> {
 
 async function rename(writer: Member, peerId: string, name: string): Promise<void> {
   const res = await writer.agent.client.put(`/v1/peers/${peerId}`, { token: writer.token, json: { name } });
-  assert.equal(res.status, 200, res.text);
-}
-
-async function setLoss(m: Member, loss: number): Promise<void> {
-  const res = await m.agent.client.put('/internal/v1/test/faults', {
-    token: m.token,
-    json: { blocked_peer_ids: [], loss },
-  });
   assert.equal(res.status, 200, res.text);
 }
 
@@ -96,7 +82,7 @@ describe('dissemination without anti-entropy rounds', { timeout: 90_000 }, () =>
     await setBlocked(d, [a.peerId]);
     try {
       const before = await antiEntropySent(members);
-      const dPushesBefore = messages(await metricsText(d), 'push', 'received');
+      const dPushesBefore = await gossipMessages(d, 'push', 'received');
       await rename(a, c.peerId, 'relayed-name');
       for (const m of [b, c, d]) {
         await eventually(
@@ -107,7 +93,7 @@ describe('dissemination without anti-entropy rounds', { timeout: 90_000 }, () =>
         );
       }
       assert.ok(
-        messages(await metricsText(d), 'push', 'received') > dPushesBefore,
+        (await gossipMessages(d, 'push', 'received')) > dPushesBefore,
         'D received pushes (from B or C: A is cut off from it)',
       );
       assert.equal(await antiEntropySent(members), before, 'no anti-entropy message was sent meanwhile');
@@ -118,7 +104,7 @@ describe('dissemination without anti-entropy rounds', { timeout: 90_000 }, () =>
   });
 
   it('POST /v1/cluster/sync carries a change every push lost, before it answers', async () => {
-    await setLoss(a, 1);
+    await setFaults(a, [], 1);
     try {
       await rename(a, b.peerId, 'synced-name');
       await new Promise((r) => setTimeout(r, 500));
@@ -126,7 +112,7 @@ describe('dissemination without anti-entropy rounds', { timeout: 90_000 }, () =>
         assert.notEqual(await nameOn(m, b.peerId), 'synced-name', `${m.peerId}: every push was dropped`);
       }
     } finally {
-      await setLoss(a, 0);
+      await setFaults(a, [], 0);
     }
     const synced = await a.agent.client.post('/v1/cluster/sync', { token: a.token });
     assert.equal(synced.status, 200, synced.text);

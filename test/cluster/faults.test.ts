@@ -19,16 +19,12 @@ import {
   stopAll,
   waitConverged,
 } from '../helpers/cluster.js';
+import { gossipMessages, setFaults } from '../helpers/gossip-forge.js';
 import { makeVendor } from '../helpers/licenses.js';
 import type { Node } from '../helpers/nodes.js';
 
 const vendor = makeVendor();
 const LICENSE = { license_id: 'license-faults', max_nodes: 3, max_services: 10 };
-
-async function setFaults(n: Node, blocked: string[]): Promise<void> {
-  const res = await put(n, '/internal/v1/test/faults', { blocked_peer_ids: blocked, loss: 0 });
-  expectStatus(res, 200, `faults on ${n.agent.url}`);
-}
 
 /** Whether `observer` currently reports `peer` as reachable. */
 async function reachable(observer: Node, peer: Node): Promise<boolean> {
@@ -43,15 +39,6 @@ async function waitReachable(observer: Node, peer: Node, want: boolean, ms = 20_
     async () => ((await reachable(observer, peer)) === want ? true : undefined),
     ms,
   );
-}
-
-/** mesh_gossip_messages_total of one type and direction on an agent. */
-async function gossipMessages(n: Node, type: string, direction: 'sent' | 'received'): Promise<number> {
-  const res = await get(n, '/metrics');
-  expectStatus(res, 200, 'metrics');
-  const series = `mesh_gossip_messages_total{type="${type}",direction="${direction}"} `;
-  const line = res.text.split('\n').find((l) => l.startsWith(series));
-  return line ? Number(line.slice(series.length)) : 0;
 }
 
 async function createService(n: Node, source: Node, target: Node): Promise<string> {

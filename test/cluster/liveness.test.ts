@@ -7,24 +7,20 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
-import { eventually, type Member, startCluster, stopAll } from '../helpers/gossip-forge.js';
+import {
+  eventually,
+  type Member,
+  metricsOf,
+  seriesValue,
+  startCluster,
+  stopAll,
+} from '../helpers/gossip-forge.js';
 import { makeVendor } from '../helpers/licenses.js';
 
 const vendor = makeVendor();
 
-async function metricsText(m: Member): Promise<string> {
-  const res = await m.agent.client.get('/metrics', { token: m.token });
-  assert.equal(res.status, 200, res.text);
-  return res.text;
-}
-
-function gauge(text: string, series: string): number {
-  const line = text.split('\n').find((l) => l.startsWith(`${series} `));
-  return line ? Number(line.slice(series.length + 1)) : Number.NaN;
-}
-
 const peersIn = (text: string, state: 'alive' | 'suspect' | 'dead') =>
-  gauge(text, `mesh_gossip_peers{state="${state}"}`);
+  seriesValue(text, `mesh_gossip_peers{state="${state}"}`);
 
 async function reachableOn(observer: Member, peerId: string): Promise<boolean> {
   const res = await observer.agent.client.get(`/v1/peers/${peerId}`, { token: observer.token });
@@ -56,10 +52,10 @@ describe('failure detection: suspicion and refutation between real agents', { ti
   it('a frozen agent is suspected, refutes once it runs again, and is alive everywhere', async (t) => {
     for (const m of [a, b]) {
       await eventually(`${m.peerId} sees both others alive`, async () =>
-        peersIn(await metricsText(m), 'alive') === 2 ? true : undefined,
+        peersIn(await metricsOf(m), 'alive') === 2 ? true : undefined,
       );
     }
-    const incarnationBefore = gauge(await metricsText(c), 'mesh_gossip_incarnation');
+    const incarnationBefore = seriesValue(await metricsOf(c), 'mesh_gossip_incarnation');
     assert.equal(incarnationBefore, 0, 'nobody has suspected C yet');
 
     process.kill(c.agent.pid, 'SIGSTOP');
@@ -71,7 +67,7 @@ describe('failure detection: suspicion and refutation between real agents', { ti
         'A or B holds C suspect or dead',
         async () => {
           for (const m of [a, b]) {
-            const text = await metricsText(m);
+            const text = await metricsOf(m);
             if (peersIn(text, 'suspect') + peersIn(text, 'dead') >= 1) return true;
           }
           return undefined;
@@ -89,14 +85,14 @@ describe('failure detection: suspicion and refutation between real agents', { ti
 
     await eventually(
       'C raised its incarnation (it refuted the suspicion)',
-      async () => (gauge(await metricsText(c), 'mesh_gossip_incarnation') > 0 ? true : undefined),
+      async () => (seriesValue(await metricsOf(c), 'mesh_gossip_incarnation') > 0 ? true : undefined),
       10_000,
     );
     for (const m of [a, b]) {
       await eventually(
         `${m.peerId} holds both others alive and C reachable`,
         async () => {
-          const text = await metricsText(m);
+          const text = await metricsOf(m);
           return peersIn(text, 'alive') === 2 && (await reachableOn(m, c.peerId)) ? true : undefined;
         },
         10_000,

@@ -15,8 +15,10 @@ import { dumpDatabase } from '../helpers/db-dump.js';
 import {
   advanceClocks,
   eventually,
+  gossipMessages,
   type Member,
   setBlocked,
+  setFaults,
   startCluster,
   stopAll,
   waitForConvergence,
@@ -37,14 +39,8 @@ function storedRouteIds(m: Member): number[] {
   return (dumpDatabase(m.agent.dataDir).tables.routes ?? []).map((row) => Number(row.id));
 }
 
-/** mesh_gossip_messages_total{type="ping",direction="received"}: probes that got through. */
-async function pingsReceived(m: Member): Promise<number> {
-  const res = await m.agent.client.get('/metrics', { token: m.token });
-  assert.equal(res.status, 200, res.text);
-  const series = 'mesh_gossip_messages_total{type="ping",direction="received"} ';
-  const line = res.text.split('\n').find((l) => l.startsWith(series));
-  return line ? Number(line.slice(series.length)) : 0;
-}
+/** Probes that got through to the agent. */
+const pingsReceived = (m: Member) => gossipMessages(m, 'ping', 'received');
 
 async function serviceStatus(m: Member, id: string): Promise<number> {
   return (await m.agent.client.get(`/v1/services/${id}`, { token: m.token })).status;
@@ -262,12 +258,3 @@ describe('tombstone collection', { timeout: 120_000 }, () => {
     assert.ok(!view.services.some((x) => x.id === s.id), 'the deletion won everywhere');
   });
 });
-
-/** The fault switch: gossip to and from `blocked` cut, and `loss` of this agent's requests dropped. */
-async function setFaults(m: Member, blocked: string[], loss: number): Promise<void> {
-  const res = await m.agent.client.put('/internal/v1/test/faults', {
-    token: m.token,
-    json: { blocked_peer_ids: blocked, loss },
-  });
-  assert.equal(res.status, 200, res.text);
-}

@@ -154,11 +154,47 @@ export async function advanceClocks(members: readonly Member[], ms: number): Pro
 
 /** Cuts gossip of `m` to and from the given peers (an empty list heals). */
 export async function setBlocked(m: Member, peerIds: string[]): Promise<void> {
+  await setFaults(m, peerIds, 0);
+}
+
+/** An agent a test holds an admin token for: a Member, or a Node of test/helpers/nodes.ts. */
+type Reachable = Pick<Member, 'agent' | 'token'>;
+
+/**
+ * The fault switch (test hooks): gossip to and from `blocked` cut, and the share `loss` of this
+ * agent's own requests, and of the answers it gets, dropped.
+ */
+export async function setFaults(m: Reachable, blocked: string[], loss = 0): Promise<void> {
   const res = await m.agent.client.put('/internal/v1/test/faults', {
     token: m.token,
-    json: { blocked_peer_ids: peerIds, loss: 0 },
+    json: { blocked_peer_ids: blocked, loss },
   });
   assert.equal(res.status, 200, res.text);
+}
+
+/** GET /metrics of an agent. */
+export async function metricsOf(m: Reachable): Promise<string> {
+  const res = await m.agent.client.get('/metrics', { token: m.token });
+  assert.equal(res.status, 200, res.text);
+  return res.text;
+}
+
+/** The value of one series, written as in the text (`name{labels}`), or 0 when it is absent. */
+export function seriesValue(text: string, series: string): number {
+  const line = text.split('\n').find((l) => l.startsWith(`${series} `));
+  return line ? Number(line.slice(series.length + 1)) : 0;
+}
+
+/** mesh_gossip_messages_total of one message type and direction on an agent. */
+export async function gossipMessages(
+  m: Reachable,
+  type: string,
+  direction: 'sent' | 'received',
+): Promise<number> {
+  return seriesValue(
+    await metricsOf(m),
+    `mesh_gossip_messages_total{type="${type}",direction="${direction}"}`,
+  );
 }
 
 /** The agent's time, as its (possibly advanced) clock reads it. */
@@ -287,10 +323,8 @@ export function peerRenameRecord(
 
 /** mesh_gossip_rejected_total by reason, as GET /metrics shows it. */
 export async function rejectedCounts(m: Member): Promise<Map<string, number>> {
-  const res = await m.agent.client.get('/metrics', { token: m.token });
-  assert.equal(res.status, 200, res.text);
   const counts = new Map<string, number>();
-  for (const line of res.text.split('\n')) {
+  for (const line of (await metricsOf(m)).split('\n')) {
     const match = /^mesh_gossip_rejected_total\{reason="([a-z_]+)"\} (\d+(?:\.\d+)?)$/.exec(line);
     if (match) counts.set(match[1]!, Number(match[2]));
   }
