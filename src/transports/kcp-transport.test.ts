@@ -353,46 +353,58 @@ describe('kcp transport', { timeout: 180_000 }, () => {
 
   it('pacing: a fixed cap holds a 6 MB burst to the rate, measured at the socket', async () => {
     const RATE = 2_000_000;
-    const p = await makePair({ pacing: { maxRateBytesPerSec: RATE, burstBytes: 64 * 1024 } });
-    const arrivals: [number, number][] = [];
-    p.relay.hook = (direction, d) => {
-      if (direction === 'up') arrivals.push([performance.now(), d.length]);
-      return d;
-    };
-    const { ms } = await transfer(p, 6_000_000, 20_000);
-    let bytes = 0;
-    for (const [, n] of arrivals) bytes += n;
-    const rate = bytes / (ms / 1000);
-    // The worst 500 ms window. Arrivals are timed in the relay, a process on the same loaded
-    // cores: a stall there bunches what the sender spread out (a CI run saw 250 ms windows 5 %
-    // over the bound), so the window is long enough for such a stall to be a small share.
-    let worst = 0;
-    for (let i = 0, j = 0, inWindow = 0; i < arrivals.length; i++) {
-      inWindow += arrivals[i]![1];
-      while (arrivals[i]![0] - arrivals[j]![0] > 500) inWindow -= arrivals[j++]![1];
-      worst = Math.max(worst, inWindow);
-    }
-    const stats = p.a.kcpStats(p.pb.id)!;
     // Pacing holds new data; retransmissions are not paced (kcp-transport.ts): an RTO that fires
-    // spuriously while these loaded cores stall the receiver resends its segments at once. A CI
-    // run saw a window 135 kB over the bound. So the bound allows what was retransmitted.
-    const largest = Math.max(...arrivals.map(([, n]) => n));
-    const resent = stats.retransmissions * largest;
-    console.log(
-      `# paced at ${RATE / 1e6} MB/s: ${(rate / 1e6).toFixed(2)} MB/s of datagrams on average, worst 500 ms ${(worst / 0.5 / 1e6).toFixed(2)} MB/s, ${stats.pacingWaits} waits, ${stats.retransmissions} retransmissions`,
-    );
-    // Datagram bytes include 24 B KCP + 29 B seal + 1 B type per ~1326 B: ~4 %; plus acks' share.
-    assert.ok(rate <= RATE * 1.1 + resent / (ms / 1000), `average ${rate} B/s`);
-    assert.ok(rate >= RATE * 0.7, `not far below the cap either (${rate} B/s)`);
-    assert.ok(
-      worst <= RATE * 0.5 * 1.2 + 64 * 1024 + resent,
-      `worst 500 ms window ${worst} B (${stats.retransmissions} retransmissions)`,
-    );
-    // Without a stall nothing is resent; a run that resent a large share measured nothing.
-    assert.ok(resent < 6_000_000 * 0.1, `${stats.retransmissions} retransmissions`);
-    assert.ok(stats.pacingWaits > 0);
-    assert.equal(stats.pacingRateBytesPerSec, RATE);
-    await p.close();
+    // spuriously while loaded cores stall the receiver resends its segments at once. A run that
+    // resent over a tenth of the burst measured the stall, not the pacer (a CI run saw 558
+    // retransmissions): it is measured again, up to three times, and every bound below is checked
+    // on the first undisturbed run. Three disturbed runs fail.
+    const disturbed: number[] = [];
+    for (;;) {
+      const p = await makePair({ pacing: { maxRateBytesPerSec: RATE, burstBytes: 64 * 1024 } });
+      const arrivals: [number, number][] = [];
+      p.relay.hook = (direction, d) => {
+        if (direction === 'up') arrivals.push([performance.now(), d.length]);
+        return d;
+      };
+      const { ms } = await transfer(p, 6_000_000, 20_000);
+      const stats = p.a.kcpStats(p.pb.id)!;
+      const largest = Math.max(...arrivals.map(([, n]) => n));
+      const resent = stats.retransmissions * largest;
+      if (resent >= 6_000_000 * 0.1) {
+        await p.close();
+        disturbed.push(stats.retransmissions);
+        console.log(`# disturbed run: ${stats.retransmissions} retransmissions; measuring again`);
+        assert.ok(disturbed.length < 3, `three runs in a row resent over 10 %: ${disturbed.join(', ')}`);
+        continue;
+      }
+      let bytes = 0;
+      for (const [, n] of arrivals) bytes += n;
+      const rate = bytes / (ms / 1000);
+      // The worst 500 ms window. Arrivals are timed in the relay, a process on the same loaded
+      // cores: a stall there bunches what the sender spread out (a CI run saw 250 ms windows 5 %
+      // over the bound), so the window is long enough for such a stall to be a small share.
+      let worst = 0;
+      for (let i = 0, j = 0, inWindow = 0; i < arrivals.length; i++) {
+        inWindow += arrivals[i]![1];
+        while (arrivals[i]![0] - arrivals[j]![0] > 500) inWindow -= arrivals[j++]![1];
+        worst = Math.max(worst, inWindow);
+      }
+      console.log(
+        `# paced at ${RATE / 1e6} MB/s: ${(rate / 1e6).toFixed(2)} MB/s of datagrams on average, worst 500 ms ${(worst / 0.5 / 1e6).toFixed(2)} MB/s, ${stats.pacingWaits} waits, ${stats.retransmissions} retransmissions`,
+      );
+      // Datagram bytes include 24 B KCP + 29 B seal + 1 B type per ~1326 B: ~4 %; plus acks' share.
+      // What was retransmitted is allowed beside the paced bytes (a CI run saw a window 135 kB over).
+      assert.ok(rate <= RATE * 1.1 + resent / (ms / 1000), `average ${rate} B/s`);
+      assert.ok(rate >= RATE * 0.7, `not far below the cap either (${rate} B/s)`);
+      assert.ok(
+        worst <= RATE * 0.5 * 1.2 + 64 * 1024 + resent,
+        `worst 500 ms window ${worst} B (${stats.retransmissions} retransmissions)`,
+      );
+      assert.ok(stats.pacingWaits > 0);
+      assert.equal(stats.pacingRateBytesPerSec, RATE);
+      await p.close();
+      return;
+    }
   });
 
   it('pacing follows the delivery rate: gain x the measured rate, within the floor and cap', async () => {
