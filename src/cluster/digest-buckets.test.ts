@@ -2,7 +2,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import fc from 'fast-check';
-import { bucketHashes, bucketOf, DIGEST_BUCKETS, differingBuckets, scopeOf } from './digest-buckets.js';
+import { bucketize, bucketOf, DIGEST_BUCKETS, differingBuckets, scopeOf } from './digest-buckets.js';
 
 const keys = Array.from({ length: 650 }, (_, i) => `service:${i.toString(16).padStart(32, '0')}`);
 const state = new Map(keys.map((k, i) => [k, `000000.00000000.${i}`]));
@@ -19,28 +19,40 @@ describe('digest buckets', () => {
     assert.equal(used.size, DIGEST_BUCKETS, '650 keys reach every one of the 64 buckets');
   });
 
+  it('splits the entries into their buckets, each exactly once', () => {
+    const { entries } = bucketize(state);
+    assert.equal(entries.length, DIGEST_BUCKETS);
+    assert.equal(entries.flat().length, state.size);
+    for (const [b, bucket] of entries.entries()) {
+      for (const [key, vkey] of bucket) {
+        assert.equal(bucketOf(key), b);
+        assert.equal(state.get(key), vkey);
+      }
+    }
+  });
+
   it('equal states have equal bucket lists, whatever the insertion order', () => {
     const reversed = new Map([...state].reverse());
-    assert.deepEqual(bucketHashes(reversed), bucketHashes(state));
-    assert.equal(bucketHashes(state).length, DIGEST_BUCKETS);
+    assert.deepEqual(bucketize(reversed).hashes, bucketize(state).hashes);
+    assert.equal(bucketize(state).hashes.length, DIGEST_BUCKETS);
   });
 
   it('a changed, added or removed entry changes exactly its own bucket (property)', () => {
-    const base = bucketHashes(state);
+    const base = bucketize(state).hashes;
     fc.assert(
       fc.property(fc.nat(keys.length - 1), fc.constantFrom('change', 'add', 'remove'), (i, what) => {
         const next = new Map(state);
         const key = what === 'add' ? `route:${i}` : keys[i]!;
         if (what === 'remove') next.delete(key);
         else next.set(key, `000001.00000000.${i}`);
-        assert.deepEqual(differingBuckets(base, bucketHashes(next)), [bucketOf(key)]);
+        assert.deepEqual(differingBuckets(base, bucketize(next).hashes), [bucketOf(key)]);
       }),
       { numRuns: 60 },
     );
   });
 
   it('differingBuckets refuses a list that is not 64 strings (the caller exchanges everything)', () => {
-    const mine = bucketHashes(state);
+    const mine = bucketize(state).hashes;
     assert.deepEqual(differingBuckets(mine, [...mine]), []);
     for (const bad of [undefined, null, 'x', {}, mine.slice(1), [...mine, 'x'], [...mine.slice(1), 7]]) {
       assert.equal(differingBuckets(mine, bad), undefined, JSON.stringify(bad)?.slice(0, 40));

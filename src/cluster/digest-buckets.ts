@@ -16,18 +16,27 @@ export function bucketOf(key: string): number {
   return createHash('sha256').update(key).digest()[0]! % DIGEST_BUCKETS;
 }
 
-/**
- * The hash of every bucket of a digest's entries, in bucket order: base64url of the first 9
- * bytes of SHA-256 over the bucket's sorted `key vkey\n` lines (an empty bucket hashes nothing).
- */
-export function bucketHashes(entries: ReadonlyMap<string, string>): string[] {
-  const lines: string[][] = Array.from({ length: DIGEST_BUCKETS }, () => []);
-  for (const [key, vkey] of entries) lines[bucketOf(key)]!.push(`${key} ${vkey}\n`);
-  return lines.map((bucket) => {
+/** A digest split into its buckets: each bucket's hash and its `[key, vkey]` entries. */
+export interface DigestBuckets {
+  /**
+   * Per bucket, in bucket order: base64url of the first 9 bytes of SHA-256 over the bucket's
+   * sorted `key vkey\n` lines (an empty bucket hashes nothing).
+   */
+  hashes: string[];
+  /** Per bucket, its entries: what an exchange scoped to that bucket sends or compares. */
+  entries: [string, string][][];
+}
+
+/** Splits a digest's entries into buckets, hashing each once. */
+export function bucketize(entries: ReadonlyMap<string, string>): DigestBuckets {
+  const split: [string, string][][] = Array.from({ length: DIGEST_BUCKETS }, () => []);
+  for (const entry of entries) split[bucketOf(entry[0])]!.push(entry);
+  const hashes = split.map((bucket) => {
     const hash = createHash('sha256');
-    for (const line of bucket.sort()) hash.update(line);
+    for (const line of bucket.map(([key, vkey]) => `${key} ${vkey}\n`).sort()) hash.update(line);
     return hash.digest().subarray(0, 9).toString('base64url');
   });
+  return { hashes, entries: split };
 }
 
 /**

@@ -22,7 +22,7 @@ import {
   isAdmissionRequest,
 } from './allocator.js';
 import type { ClusterCredential, MacKey } from './cluster-credential.js';
-import { bucketOf, DIGEST_BUCKETS, differingBuckets, scopeOf } from './digest-buckets.js';
+import { DIGEST_BUCKETS, differingBuckets, scopeOf } from './digest-buckets.js';
 import { FailureDetector, type LivenessRumor } from './failure-detector.js';
 import {
   type Envelope,
@@ -387,10 +387,8 @@ export class Gossip {
     // The roots differed at the probe; a change still spreading has often reached both since.
     if (scope?.length === 0) return;
     const digest = replica.digest();
-    const inScope = scope && new Set(scope);
-    const entries = inScope
-      ? [...digest.entries].filter(([key]) => inScope.has(bucketOf(key)))
-      : [...digest.entries];
+    const buckets = replica.digestBuckets();
+    const entries = scope ? scope.flatMap((b) => buckets.entries[b]!) : [...digest.entries];
     const answer = (await this.request(
       peer,
       'digest',
@@ -435,7 +433,7 @@ export class Gossip {
         const answer = (await this.request(
           peer,
           'buckets',
-          { buckets: this.deps.replica.digestBuckets() },
+          { buckets: this.deps.replica.digestBuckets().hashes },
           this.slowTimeout(),
         )) as { differ?: unknown };
         this.bucketless.delete(peer.id);
@@ -453,7 +451,7 @@ export class Gossip {
 
   /** The buckets a peer's list says differ from ours; all of them when its list is malformed. */
   private answerBuckets(buckets: unknown): { differ: number[] } {
-    const differ = differingBuckets(this.deps.replica.digestBuckets(), buckets);
+    const differ = differingBuckets(this.deps.replica.digestBuckets().hashes, buckets);
     return { differ: differ ?? Array.from({ length: DIGEST_BUCKETS }, (_, i) => i) };
   }
 
@@ -471,10 +469,10 @@ export class Gossip {
       }
     }
     const mine = replica.digest().entries;
+    const compared = scope ? [...scope].flatMap((b) => replica.digestBuckets().entries[b]!) : mine;
     const records: WireRecord[] = [];
     const want: string[] = [];
-    for (const [key, vkey] of mine) {
-      if (scope && !scope.has(bucketOf(key))) continue;
+    for (const [key, vkey] of compared) {
       const t = theirs.get(key);
       if (t === undefined || vkey > t) {
         const r = replica.record(key);

@@ -24,7 +24,7 @@ import { checkRoute, checkService } from '../domain/service-rules.js';
 import type { ClusterSecretRecord, PeerRecord, RouteRecord, ServiceRecord } from '../store/records.js';
 import type { Store } from '../store/store.js';
 import { CLUSTER_SECRET_GRACE_MS, keyId } from './cluster-credential.js';
-import { bucketHashes } from './digest-buckets.js';
+import { bucketize, type DigestBuckets } from './digest-buckets.js';
 import { peerIdMatchesKey } from './handshake-protocol.js';
 import type { HybridClock } from './hlc.js';
 import {
@@ -73,7 +73,7 @@ export class Replica {
         digest: Digest;
       }
     | undefined;
-  private cachedBuckets: { digest: Digest; buckets: string[] } | undefined;
+  private cachedBuckets: { digest: Digest; buckets: DigestBuckets } | undefined;
   /** Set when another agent removed this one; reported by /readyz and logged once. */
   removedFromCluster = false;
 
@@ -188,11 +188,11 @@ export class Replica {
     return Math.floor((this.clock.now() - this.tombstoneHorizonMs) / 1000) * 1000;
   }
 
-  /** The digest's bucket hashes (digest-buckets.ts), computed once per digest. */
-  digestBuckets(): string[] {
+  /** The current digest split into buckets (digest-buckets.ts), computed once per digest. */
+  digestBuckets(): DigestBuckets {
     const digest = this.digest();
     if (this.cachedBuckets?.digest !== digest) {
-      this.cachedBuckets = { digest, buckets: bucketHashes(digest.entries) };
+      this.cachedBuckets = { digest, buckets: bucketize(digest.entries) };
     }
     return this.cachedBuckets.buckets;
   }
