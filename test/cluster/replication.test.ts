@@ -22,6 +22,7 @@ import {
   waitConverged,
   waitForPeerCount,
 } from '../helpers/cluster.js';
+import { metricsOf, seriesValue } from '../helpers/gossip-forge.js';
 import { makeVendor } from '../helpers/licenses.js';
 import { join, type Node } from '../helpers/nodes.js';
 
@@ -56,12 +57,7 @@ async function onEvery(
 async function unknownSenderRefusals(nodes: readonly Node[]): Promise<number> {
   let sum = 0;
   for (const n of nodes) {
-    const res = await get(n, '/metrics');
-    expectStatus(res, 200, 'metrics');
-    const line = res.text
-      .split('\n')
-      .find((l) => l.startsWith('mesh_gossip_rejected_total{reason="unknown_sender"}'));
-    sum += line ? Number(line.split(' ').pop()) : 0;
+    sum += seriesValue(await metricsOf(n), 'mesh_gossip_rejected_total{reason="unknown_sender"}');
   }
   return sum;
 }
