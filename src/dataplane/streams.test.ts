@@ -641,7 +641,9 @@ describe('StreamMux over the memory transport with loopback sockets', { timeout:
     const t0 = performance.now();
     assert.equal((await within(3_000, 'client reset', errorOf(client)))?.code, 'ECONNRESET');
     const ms = performance.now() - t0;
-    assert.ok(ms >= 150 && ms < 550, `reset after ${ms.toFixed(0)} ms (timeout 200 ms)`);
+    // the upper bound tells the open timeout (200 ms) from the connect that ends at 600 ms, with
+    // room for a stall of this one process on a loaded machine
+    assert.ok(ms >= 150 && ms < 600, `reset after ${ms.toFixed(0)} ms (timeout 200 ms, connect 600 ms)`);
     assert.equal(h.b.mux.stats(SERVICE).refused, 1);
     await waitFor('the late connect', () => lateConnected);
     await waitFor('the late socket destroyed', () => late!.destroyed);
@@ -654,7 +656,7 @@ describe('StreamMux over the memory transport with loopback sockets', { timeout:
     h.b.deaf = true;
     const client = await h.client(h.a);
     const t0 = performance.now();
-    assert.equal((await within(8_000, 'client reset', errorOf(client)))?.code, 'ECONNRESET');
+    assert.equal((await within(15_000, 'client reset', errorOf(client)))?.code, 'ECONNRESET');
     const ms = performance.now() - t0;
     assert.ok(ms >= 5_000, `gave up after ${ms.toFixed(0)} ms`);
     assert.equal(h.a.mux.stats(SERVICE).refused, 1);

@@ -117,13 +117,15 @@ describe('http upgrade', { timeout: 30_000 }, () => {
     ];
     for (const [name, answer, message, kind] of cases) {
       const port = await answering(answer);
+      const socket = await dial(port);
       const started = performance.now();
-      await assert.rejects(requestUpgrade(await dial(port), 'x', 300), (error: Error) => {
+      await assert.rejects(requestUpgrade(socket, 'x', 300), (error: Error) => {
         assert.ok(error instanceof kind, name);
         assert.match(error.message, message, name);
         return true;
       });
-      assert.ok(performance.now() - started < 1000, `${name}: bounded in time`);
+      // bounded by the 300 ms timeout, with room for a stall of the loaded machine
+      assert.ok(performance.now() - started < 2000, `${name}: bounded in time`);
     }
   });
 });

@@ -370,16 +370,23 @@ describe('kcp transport', { timeout: 180_000 }, () => {
       const stats = p.a.kcpStats(p.pb.id)!;
       const largest = Math.max(...arrivals.map(([, n]) => n));
       const resent = stats.retransmissions * largest;
-      if (resent >= 6_000_000 * 0.1) {
-        await p.close();
-        disturbed.push(stats.retransmissions);
-        console.log(`# disturbed run: ${stats.retransmissions} retransmissions; measuring again`);
-        assert.ok(disturbed.length < 3, `three runs in a row resent over 10 %: ${disturbed.join(', ')}`);
-        continue;
-      }
       let bytes = 0;
       for (const [, n] of arrivals) bytes += n;
       const rate = bytes / (ms / 1000);
+      // A starved sender (descheduled on the loaded cores) is the other disturbance: a low rate
+      // with nothing resent. Only the lower bound can fail then, so it is measured again too.
+      if (resent >= 6_000_000 * 0.1 || rate < RATE * 0.7) {
+        await p.close();
+        disturbed.push(stats.retransmissions);
+        console.log(
+          `# disturbed run: ${stats.retransmissions} retransmissions, ${(rate / 1e6).toFixed(2)} MB/s; measuring again`,
+        );
+        assert.ok(
+          disturbed.length < 3,
+          `three runs in a row resent over 10 % or ran under 0.7x the cap: ${disturbed.join(', ')} retransmissions, last ${rate} B/s`,
+        );
+        continue;
+      }
       // The worst 500 ms window. Arrivals are timed in the relay, a process on the same loaded
       // cores: a stall there bunches what the sender spread out (a CI run saw 250 ms windows 5 %
       // over the bound), so the window is long enough for such a stall to be a small share.

@@ -79,7 +79,9 @@ describe('replication under faults', { timeout: 120_000 }, () => {
       [c, a],
       [b, c],
     ] as const) {
-      assert.equal(await reachable(x, y), true, 'everyone reachable before the cut');
+      // waited for, not read once: a spurious suspicion on a loaded machine can make a peer
+      // unreachable for a moment before it refutes
+      await waitReachable(x, y, true);
     }
 
     /** C's last_seen_at on A, read during the cut. */

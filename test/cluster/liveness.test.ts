@@ -55,8 +55,9 @@ describe('failure detection: suspicion and refutation between real agents', { ti
         peersIn(await metricsOf(m), 'alive') === 2 ? true : undefined,
       );
     }
+    // Usually 0; a slow start on a loaded machine can already have made C refute a suspicion,
+    // so the check below compares with this value rather than with 0.
     const incarnationBefore = seriesValue(await metricsOf(c), 'mesh_gossip_incarnation');
-    assert.equal(incarnationBefore, 0, 'nobody has suspected C yet');
 
     process.kill(c.agent.pid, 'SIGSTOP');
     let suspectedAt: number | undefined;
@@ -85,7 +86,8 @@ describe('failure detection: suspicion and refutation between real agents', { ti
 
     await eventually(
       'C raised its incarnation (it refuted the suspicion)',
-      async () => (seriesValue(await metricsOf(c), 'mesh_gossip_incarnation') > 0 ? true : undefined),
+      async () =>
+        seriesValue(await metricsOf(c), 'mesh_gossip_incarnation') > incarnationBefore ? true : undefined,
       10_000,
     );
     for (const m of [a, b]) {

@@ -134,6 +134,8 @@ describe('merging two clusters (DECISIONS §5)', { timeout: 120_000 }, () => {
     await e.agent.stop();
     y = [c, d];
     await waitForPeers(y, 2);
+    // the removal's cascade (E's services) spread to D too before the snapshot
+    await waitForConvergence(y);
     const before = await everything([...x, ...y]);
     assertError(await addPeer(c, a), 422, 'SERVICE_LIMIT_EXCEEDED', 'younger cluster adds the older');
     assertError(await addPeer(a, d), 422, 'SERVICE_LIMIT_EXCEEDED', 'older cluster adds the younger');

@@ -17,6 +17,7 @@ import {
   macKeyFromSecret,
   refreshToken,
   rotate,
+  setFaults,
   startCluster,
   stopAll,
   waitForConvergence,
@@ -108,7 +109,19 @@ describe('cluster credential rotation', { timeout: 90_000 }, () => {
 
   it('two rotations at the same moment on two agents: one winner, one secret valid cluster-wide', async () => {
     const v = (await credentialOf(a)).version;
-    const [ra, rb] = await Promise.all([rotate(a), rotate(b)]);
+    // A and B hear nobody while they rotate, so on a loaded machine A's push cannot reach B (or
+    // reach it through C) before B has handled its own request: the two are concurrent by
+    // construction, not by timing. The heal then lets the two rotations meet.
+    await setFaults(a, [b.peerId, c.peerId]);
+    await setFaults(b, [a.peerId, c.peerId]);
+    let ra: Awaited<ReturnType<typeof rotate>>;
+    let rb: Awaited<ReturnType<typeof rotate>>;
+    try {
+      [ra, rb] = await Promise.all([rotate(a), rotate(b)]);
+    } finally {
+      await setFaults(a, []);
+      await setFaults(b, []);
+    }
     assert.equal(ra.version, v + 1);
     assert.equal(rb.version, v + 1, 'both rotated from the same version: the rotations were concurrent');
     const winner = await eventually('every agent shows the same credential', async () => {

@@ -185,7 +185,22 @@ describe('data plane: kcp services under loss, outage and forged datagrams', { t
       pcap,
       `udp and src ${IP.ingressUl} and dst ${IP.exitUl}`,
     ]);
-    await new Promise((r) => setTimeout(r, 500));
+    // tcpdump says "listening on" once its capture is open; a fixed wait could miss the download
+    await new Promise<void>((resolve, reject) => {
+      let said = '';
+      const timer = setTimeout(() => reject(new Error(`tcpdump did not start: ${said}`)), 10_000);
+      capture.stderr.on('data', (chunk: Buffer) => {
+        said += chunk.toString();
+        if (said.includes('listening on')) {
+          clearTimeout(timer);
+          resolve();
+        }
+      });
+      capture.once('exit', (code) => {
+        clearTimeout(timer);
+        reject(new Error(`tcpdump exited (${code}): ${said}`));
+      });
+    });
     await download(1024 * 1024);
     await new Promise<void>((resolve) => {
       capture.once('exit', () => resolve());

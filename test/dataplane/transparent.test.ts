@@ -238,10 +238,11 @@ describe('data plane: fully transparent services', { timeout: 600_000 }, () => {
     // The destination's route to the client network now points elsewhere (a host that is not there).
     await topo.run(topo.ns.dest, 'ip', ['route', 'replace', '10.91.1.0/24', 'via', '10.91.2.99']);
     const started = Date.now();
-    await assert.rejects(curl(url(IP.dest), ['--max-time', '20']));
+    // the exit's 10 s open timeout then a reset; curl's own 40 s limit tells a hang apart
+    await assert.rejects(topo.run(topo.ns.client, 'curl', ['-sS', '--max-time', '40', url(IP.dest)], 50_000));
     const failedAfter = Date.now() - started;
     assert.ok(
-      failedAfter < 19_000,
+      failedAfter < 35_000,
       `the client got an error (after ${failedAfter} ms), not curl's own timeout`,
     );
     let reasons: string[] = [];

@@ -169,9 +169,14 @@ describe('udp-impair: UDP impairment proxy', { timeout: 60_000 }, () => {
     const oneWay = server.got.map((a) => a.ms);
     const min = Math.min(...oneWay);
     const max = Math.max(...oneWay);
-    // never early (the timer waits for the due time); late only by timer and event-loop slack
+    const p95 = [...oneWay].sort((x, y) => x - y)[Math.floor(oneWay.length * 0.95)]!;
+    // never early (the timer waits for the due time); late only by timer and event-loop slack.
+    // Sender, proxy and receiver share this process, so one stall of the loaded machine delays
+    // every datagram in flight: the 95th percentile is held to the tight slack, the maximum to a
+    // stall's.
     assert.ok(min >= 20, `one-way up delay ${min.toFixed(1)} ms < 30 - 10`);
-    assert.ok(max <= 40 + 50, `one-way up delay ${max.toFixed(1)} ms > 30 + 10 + 50 slack`);
+    assert.ok(p95 <= 40 + 50, `one-way up delay p95 ${p95.toFixed(1)} ms > 30 + 10 + 50 slack`);
+    assert.ok(max <= 40 + 500, `one-way up delay ${max.toFixed(1)} ms > 30 + 10 + 500 stall slack`);
     assert.ok(max - min >= 5, `jitter spreads the delays: ${min.toFixed(1)}..${max.toFixed(1)} ms`);
     assert.deepEqual(
       server.got.map((a) => a.seq),
@@ -186,7 +191,12 @@ describe('udp-impair: UDP impairment proxy', { timeout: 60_000 }, () => {
     const upBySeq = new Map(server.got.map((a) => [a.seq, a.ms]));
     const down = c.got.map((a) => a.ms - upBySeq.get(a.seq)!);
     assert.ok(Math.min(...down) >= 15 - 1, `down delay ${Math.min(...down).toFixed(1)} ms < 15`);
-    assert.ok(Math.max(...down) <= 15 + 50, `down delay ${Math.max(...down).toFixed(1)} ms > 15 + 50 slack`);
+    const downP95 = [...down].sort((x, y) => x - y)[Math.floor(down.length * 0.95)]!;
+    assert.ok(downP95 <= 15 + 50, `down delay p95 ${downP95.toFixed(1)} ms > 15 + 50 slack`);
+    assert.ok(
+      Math.max(...down) <= 15 + 500,
+      `down delay ${Math.max(...down).toFixed(1)} ms > 15 + 500 stall slack`,
+    );
   });
 
   it('duplicates and holds back exactly the replayed datagrams, and later ones overtake the held', async () => {
@@ -269,11 +279,12 @@ describe('udp-impair: UDP impairment proxy', { timeout: 60_000 }, () => {
     assert.equal(p.counters.up.dropped, 50);
 
     // queued (delayed) datagrams due during the outage are lost with it
-    p.setImpairment('up', { delayMs: 100 });
+    // (1 s: long enough that a stall of this process cannot let one come due before the cut)
+    p.setImpairment('up', { delayMs: 1000 });
     await sendAndSettle(200, 20);
     assert.equal(p.counters.queued, 20);
     p.setOutage(true);
-    await sleep(150);
+    await eventually('the queued come due in the outage', () => p.counters.queued === 0, 5000);
     p.setOutage(false);
     assert.equal(p.counters.queued, 0);
     assert.equal(p.counters.up.droppedOutage, 70);
@@ -317,10 +328,7 @@ describe('udp-impair: UDP impairment proxy', { timeout: 60_000 }, () => {
     // timer time in whole milliseconds from a cached loop clock, so a timer can fire up to 1 ms
     // before its delay has passed by performance.now() (CI saw the cut at 199.x ms)
     assert.ok(cutAt >= 200 - 1 && cutAt < 200 + 100, `cut at ${cutAt.toFixed(2)} ms`);
-    assert.ok(
-      backAt - cutAt >= 280 && backAt - cutAt < 300 + 100,
-      `cut for ${(backAt - cutAt).toFixed(2)} ms`,
-    );
+    assert.ok(backAt >= 500 - 1 && backAt < 500 + 100, `back at ${backAt.toFixed(2)} ms`);
     const got = new Set(sink.got.map((a) => a.seq));
     const inWindow = [...sentIn].filter(([, cut]) => cut).map(([s]) => s);
     const outside = [...sentIn].filter(([, cut]) => !cut).map(([s]) => s);
