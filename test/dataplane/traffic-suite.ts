@@ -357,36 +357,23 @@ export function trafficSuite(transport: 'tcp' | 'kcp', prefix: string, index: nu
         }
       };
 
+      /** One flow at the limit, in one direction, within 15 %. */
+      const oneFlow = async (direction: 'down' | 'up', mbps: number) => {
+        const what = `${mbps} Mbit/s ${direction}`;
+        const [got] = await measure(what, () => rate(direction, mbps, 4), mbps, 0.15);
+        within(got!, mbps, 0.15, what);
+      };
+
       await limit(10);
-      within(
-        (await measure('10 Mbit/s down', () => rate('down', 10, 4), 10, 0.15))[0]!,
-        10,
-        0.15,
-        '10 Mbit/s down',
-      );
-      within(
-        (await measure('10 Mbit/s up', () => rate('up', 10, 4), 10, 0.15))[0]!,
-        10,
-        0.15,
-        '10 Mbit/s up',
-      );
+      await oneFlow('down', 10);
+      await oneFlow('up', 10);
       const four = await measure('4 flows at 10 Mbit/s', () => rate('down', 10, 5, 4), 10 / 4, 0.3);
       const sum = four.reduce((s, r) => s + r, 0);
       assert.ok(sum <= 10 * 1.15, `4 flows at 10 Mbit/s: together ${sum.toFixed(2)} Mbit/s, over the limit`);
       for (const [i, r] of four.entries()) within(r, 10 / 4, 0.3, `flow ${i} of 4 at 10 Mbit/s`);
       await limit(100);
-      within(
-        (await measure('100 Mbit/s down', () => rate('down', 100, 4), 100, 0.15))[0]!,
-        100,
-        0.15,
-        '100 Mbit/s down',
-      );
-      within(
-        (await measure('100 Mbit/s up', () => rate('up', 100, 4), 100, 0.15))[0]!,
-        100,
-        0.15,
-        '100 Mbit/s up',
-      );
+      await oneFlow('down', 100);
+      await oneFlow('up', 100);
       await limit(0);
       let free = 0;
       for (let attempt = 1; attempt <= 3 && free <= 150; attempt++) {
