@@ -19,24 +19,17 @@ import {
   stopAll,
   waitConverged,
 } from '../helpers/cluster.js';
-import { gossipMessages, setFaults } from '../helpers/gossip-forge.js';
+import { gossipMessages, reachableOn, setFaults } from '../helpers/gossip-forge.js';
 import { makeVendor } from '../helpers/licenses.js';
 import type { Node } from '../helpers/nodes.js';
 
 const vendor = makeVendor();
 const LICENSE = { license_id: 'license-faults', max_nodes: 3, max_services: 10 };
 
-/** Whether `observer` currently reports `peer` as reachable. */
-async function reachable(observer: Node, peer: Node): Promise<boolean> {
-  const res = await get(observer, `/v1/peers/${peer.peerId}`);
-  expectStatus(res, 200, 'peer');
-  return res.body.reachable as boolean;
-}
-
 async function waitReachable(observer: Node, peer: Node, want: boolean, ms = 20_000): Promise<void> {
   await eventually(
     `${observer.agent.url} to see ${peer.agent.url} as reachable: ${want}`,
-    async () => ((await reachable(observer, peer)) === want ? true : undefined),
+    async () => ((await reachableOn(observer, peer.peerId)) === want ? true : undefined),
     ms,
   );
 }

@@ -5,12 +5,12 @@
  * reports it alive and reachable again without anyone touching it. The frozen agent's own view of
  * the others is not trusted either way while it was frozen, so only the others' views are read.
  */
-import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import {
   eventually,
   type Member,
   metricsOf,
+  reachableOn,
   seriesValue,
   startCluster,
   stopAll,
@@ -21,12 +21,6 @@ const vendor = makeVendor();
 
 const peersIn = (text: string, state: 'alive' | 'suspect' | 'dead') =>
   seriesValue(text, `mesh_gossip_peers{state="${state}"}`);
-
-async function reachableOn(observer: Member, peerId: string): Promise<boolean> {
-  const res = await observer.agent.client.get(`/v1/peers/${peerId}`, { token: observer.token });
-  assert.equal(res.status, 200, res.text);
-  return res.body.reachable as boolean;
-}
 
 describe('failure detection: suspicion and refutation between real agents', { timeout: 60_000 }, () => {
   let members: Member[] = [];

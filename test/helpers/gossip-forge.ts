@@ -172,6 +172,13 @@ export async function setFaults(m: Reachable, blocked: string[], loss = 0): Prom
   assert.equal(res.status, 200, res.text);
 }
 
+/** Whether `observer` currently reports the peer `peerId` as reachable (GET /v1/peers/{id}). */
+export async function reachableOn(observer: Reachable, peerId: string): Promise<boolean> {
+  const res = await observer.agent.client.get(`/v1/peers/${peerId}`, { token: observer.token });
+  assert.equal(res.status, 200, res.text);
+  return res.body.reachable as boolean;
+}
+
 /** GET /metrics of an agent. */
 export async function metricsOf(m: Reachable): Promise<string> {
   const res = await m.agent.client.get('/metrics', { token: m.token });
