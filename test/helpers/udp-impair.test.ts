@@ -28,6 +28,10 @@ import { waitUntil } from './wait-until.js';
 const CLI = fileURLToPath(new URL('./udp-impair.js', import.meta.url));
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
+/** The 95th percentile of a non-empty list of numbers. */
+const percentile95 = (values: number[]) =>
+  [...values].sort((x, y) => x - y)[Math.floor(values.length * 0.95)]!;
+
 const eventually = (what: string, check: () => boolean, timeoutMs = 5000) =>
   waitUntil(what, check, timeoutMs, undefined, 2);
 
@@ -169,7 +173,7 @@ describe('udp-impair: UDP impairment proxy', { timeout: 60_000 }, () => {
     const oneWay = server.got.map((a) => a.ms);
     const min = Math.min(...oneWay);
     const max = Math.max(...oneWay);
-    const p95 = [...oneWay].sort((x, y) => x - y)[Math.floor(oneWay.length * 0.95)]!;
+    const p95 = percentile95(oneWay);
     // never early (the timer waits for the due time); late only by timer and event-loop slack.
     // Sender, proxy and receiver share this process, so one stall of the loaded machine delays
     // every datagram in flight: the 95th percentile is held to the tight slack, the maximum to a
@@ -191,7 +195,7 @@ describe('udp-impair: UDP impairment proxy', { timeout: 60_000 }, () => {
     const upBySeq = new Map(server.got.map((a) => [a.seq, a.ms]));
     const down = c.got.map((a) => a.ms - upBySeq.get(a.seq)!);
     assert.ok(Math.min(...down) >= 15 - 1, `down delay ${Math.min(...down).toFixed(1)} ms < 15`);
-    const downP95 = [...down].sort((x, y) => x - y)[Math.floor(down.length * 0.95)]!;
+    const downP95 = percentile95(down);
     assert.ok(downP95 <= 15 + 50, `down delay p95 ${downP95.toFixed(1)} ms > 15 + 50 slack`);
     assert.ok(
       Math.max(...down) <= 15 + 500,
