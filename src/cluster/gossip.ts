@@ -387,8 +387,7 @@ export class Gossip {
     // The roots differed at the probe; a change still spreading has often reached both since.
     if (scope?.length === 0) return;
     const digest = replica.digest();
-    const buckets = replica.digestBuckets();
-    const entries = scope ? scope.flatMap((b) => buckets.entries[b]!) : [...digest.entries];
+    const entries = replica.digestEntries(scope);
     const answer = (await this.request(
       peer,
       'digest',
@@ -469,10 +468,9 @@ export class Gossip {
       }
     }
     const mine = replica.digest().entries;
-    const compared = scope ? [...scope].flatMap((b) => replica.digestBuckets().entries[b]!) : mine;
     const records: WireRecord[] = [];
     const want: string[] = [];
-    for (const [key, vkey] of compared) {
+    for (const [key, vkey] of replica.digestEntries(scope)) {
       const t = theirs.get(key);
       if (t === undefined || vkey > t) {
         const r = replica.record(key);

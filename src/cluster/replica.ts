@@ -188,6 +188,16 @@ export class Replica {
     return Math.floor((this.clock.now() - this.tombstoneHorizonMs) / 1000) * 1000;
   }
 
+  /**
+   * The digest's `[key, vkey]` entries, or with a `scope` only those of its buckets: what an
+   * exchange sends, and what the answering side compares with what it was sent.
+   */
+  digestEntries(scope?: Iterable<number>): [string, string][] {
+    if (!scope) return [...this.digest().entries];
+    const { entries } = this.digestBuckets();
+    return [...scope].flatMap((b) => entries[b]!);
+  }
+
   /** The current digest split into buckets (digest-buckets.ts), computed once per digest. */
   digestBuckets(): DigestBuckets {
     const digest = this.digest();
