@@ -1,5 +1,6 @@
 /*
- * mesh_sockets: the TCP sockets the data plane needs and Node's net module cannot make (issues 6 and 7).
+ * mesh_sockets: the TCP sockets the data plane needs and Node's net module cannot make (the stream
+ * path and fully transparent services: docs/dataplane.md, docs/transparent.md).
  * - a listening socket with IP_TRANSPARENT / IPV6_TRANSPARENT, so that connections nftables TPROXYs to it
  *   are accepted with their ORIGINAL destination as the local address;
  * - an outgoing connection with options that must be set before bind()/connect(): SO_MARK (policy routing

@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 /**
- * `npm run demo` (issue 9 item 5): a three-site mesh in network namespaces on this machine, set up
+ * `npm run demo`: a three-site mesh in network namespaces on this machine, set up
  * the way an operator would, with the `mesh-agent` CLI only: a vendor key and one signed license,
  * three agents bootstrapped with it, joined with `peers add`, two services with their routes (one
  * NATed, one fully transparent with the return route it needs), a request from a client at site A
@@ -11,7 +11,7 @@
  * Needs root (namespaces, TUN, nftables), iproute2, nftables, curl and a build (`npm run build`):
  * it reuses the test topology, dist/test/helpers/netns-topology.js, and the destination server of
  * the tests, dist/test/helpers/netns-apps.js. Namespaces are named `mdemo-*`. Test:
- * test/demo/demo.test.ts.
+ * test/demo/demo.root.test.ts.
  */
 import { spawn } from 'node:child_process';
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';

@@ -2,10 +2,12 @@
  * bench/api: throughput and latency of the management API of a real agent process, as a ratio
  * to a bare Fastify "hello JSON" server measured in the same run (`npm run bench:api`).
  *
- * - Baseline: ../shared/bench-anchors/fastify.sh (bare Fastify and bare node:http, autocannon
- *   -c CONNS -d DURATION after a 2 s warm-up, on the loopback of its own namespace
- *   `${BA_PREFIX}-api`). It runs before the first rep and after every rep, and each scenario's
- *   ratio uses the mean of the two Fastify figures that bracket it.
+ * - Baseline: the reference measurements' fastify.sh (the bench-anchors: scripts measuring direct
+ *   forwarding, wireguard-go, kcptun, stunnel and bare Fastify on this machine, found at
+ *   $BENCH_SHARED/bench-anchors, by default beside the repository; docs/benchmarks.md). It runs
+ *   bare Fastify and bare node:http under autocannon -c CONNS -d DURATION after a 2 s warm-up, on
+ *   the loopback of its own namespace `${BA_PREFIX}-api`. It runs before the first rep and after
+ *   every rep, and each scenario's ratio uses the mean of the two Fastify figures that bracket it.
  * - Agent: `node dist/src/cli/main.js serve` with a fresh data dir and a vendor key made here,
  *   bootstrapped over the API, driven by the same autocannon CLI with the same flags. As root it
  *   runs (with this process and autocannon) on the loopback of a namespace of its own,
@@ -20,8 +22,8 @@
  * summary.md go to bench/results/<timestamp>-api/ (git-ignored). Exit code 1 when a target fails.
  *
  * Environment: BENCH_REPS (2), BENCH_DURATION (10), BENCH_CONNS (50), BENCH_WARMUP (2),
- * BA_PREFIX (mabench), BENCH_SHARED (<repo>/../shared), BENCH_NETNS (1; 0 = host loopback),
- * BENCH_BASELINE (1; 0 skips fastify.sh, e.g. while profiling), BENCH_SCENARIOS (comma-separated
+ * BA_PREFIX (mabench), BENCH_SHARED (the directory holding bench-anchors/; <repo>/../shared),
+ * BENCH_NETNS (1; 0 = host loopback), BENCH_BASELINE (1; 0 skips fastify.sh, e.g. while profiling), BENCH_SCENARIOS (comma-separated
  * substrings of scenario names), BENCH_AGENT_LOG_LEVEL (info, the agent's default),
  * BENCH_CPU_PROF (0; 1 runs the agent under --cpu-prof, profile under the results dir),
  * BENCH_CPU_REF (1; 0 skips the CPU-cost reference, a bare Fastify run by this script),

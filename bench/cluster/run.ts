@@ -27,7 +27,7 @@
  *   it. The target is idle traffic independent of the number of records, checked on the bytes of
  *   one probe exchange (the idle rate also moves with indirect probes a loaded host causes) and
  *   on idle anti-entropy staying at about zero (states that never converged would cost that).
- * - Baselines in the same run: the issue's anchor (Serf's epidemic model: 99.99 % of 50 nodes in
+ * - Baselines in the same run: the anchor (Serf's epidemic model: 99.99 % of 50 nodes in
  *   about 1.0 s at a 200 ms interval), and a Monte-Carlo run, made here, of the memberlist model
  *   Serf uses (each gossip tick sends queued broadcasts to 3 random nodes, each broadcast is sent
  *   4·ceil(log10(N+1)) times, each message lost with the same probability) at the same N, loss
@@ -95,7 +95,7 @@ const settings = {
   keep: env.BENCH_KEEP === '1',
 };
 
-/** The issue's targets and anchor, at a 200 ms interval. */
+/** The gossip targets (p99 convergence: 2 s, 4 s under loss) and the Serf anchor, at a 200 ms interval. */
 const TARGET_P99_S = (loss: number) => (loss > 0 ? 4 : 2);
 const SERF_ANCHOR_S = 1.0;
 /**
@@ -706,7 +706,7 @@ function report(results: SizeResult[]): { table: string; failed: string[] } {
   lines.push(
     `Convergence of one change (rename of a random peer on a random agent), gossip interval ${settings.intervalMs} ms, ${settings.changes} changes per row.`,
     'Time until the LAST agent has it (= 99.99 % of agents for these N). Rounds = seconds / interval.',
-    `Model = memberlist/Serf broadcast model simulated here (${settings.modelRuns} runs, same N, loss, interval; p50/p99 over the runs that reach every node, the share that dies out is shown). Anchor (issue): Serf, 99.99 % of 50 nodes in ~${SERF_ANCHOR_S} s.`,
+    `Model = memberlist/Serf broadcast model simulated here (${settings.modelRuns} runs, same N, loss, interval; p50/p99 over the runs that reach every node, the share that dies out is shown). Anchor: Serf, 99.99 % of 50 nodes in ~${SERF_ANCHOR_S} s.`,
     '',
     "CPU = the hosts' CPU summed (100 = one core of the 2); lag = the worst host's event-loop lag; suspect/dead = peers held suspect/dead, summed over the agents, right after the row.",
     '',

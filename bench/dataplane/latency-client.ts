@@ -1,6 +1,6 @@
 /**
  * bench/dataplane/latency-client: small request/response latency through a data path, for
- * bench/dataplane/run (issue 8's latency figure). Sequential GETs, one at a time, on ONE keep-alive
+ * bench/dataplane/run (the kcp transport's latency figure). Sequential GETs, one at a time, on ONE keep-alive
  * HTTP/1.1 connection (an http.Agent with keepAlive and maxSockets 1), each timed with
  * process.hrtime.bigint() from the request's start to the response's end. Connection setup is
  * outside the figure: the first request (which opens the connection) is a warm-up and not counted.

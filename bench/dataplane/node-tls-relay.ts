@@ -1,6 +1,7 @@
 /**
  * bench/dataplane/node-tls-relay: a bare Node TLS relay, the `nodetls` path of
- * bench/dataplane/run.ts (issue 6: the Node ceiling for an encrypted TCP relay on this machine).
+ * bench/dataplane/run.ts (the stream path's target: the Node ceiling for an encrypted TCP relay on
+ * this machine).
  * Not part of the agent or the tests; run.ts starts one process per side, placed as paths.sh
  * places stunnel:
  *

@@ -1,20 +1,23 @@
 /**
  * bench/dataplane/run: the agent's data plane (a `tcp` service between two real agent processes)
- * beside the bench-anchors paths and a bare Node TLS relay, in one run on the anchors' topology
+ * beside the reference paths and a bare Node TLS relay, in one run on the anchors' topology
  * (`node dist/bench/dataplane/run.js`, as root; not part of the tests). Since the stream path
  * (commit 8a00d30) the agent carries TCP as streams (TPROXY at the ingress, one stream per
  * connection over the peer tunnel, re-originated at the exit) and UDP/ICMP as packets (TUN), so
  * the iperf3 TCP and ab figures measure the stream path and the UDP figure the packet path.
  * Figures: iperf3 TCP 1 and 4 streams, iperf3 UDP, new connections per second (ab without
  * keep-alive), the ratio of the mesh to each other path, and the tunnel's CPU seconds per GB.
- * Targets printed as PASS/FAIL: issue 5, >= 1.0x wireguard-go (now UDP only: the packet path);
- * issue 6, TCP 1 stream >= 1.0x stunnel and >= 0.9x nodetls, connections/s >= 1.0x wireguard-go;
- * issue 7, a fully transparent service (path mesh-tp) >= 0.9x the same service without
+ * Targets printed as PASS/FAIL: the packet path, >= 1.0x wireguard-go (now UDP only); the stream
+ * path, TCP 1 stream >= 1.0x stunnel and >= 0.9x nodetls, connections/s >= 1.0x wireguard-go;
+ * transparency, a fully transparent service (path mesh-tp) >= 0.9x the same service without
  * transparency (mesh-mv: MACVLAN exit, requires_interface, same address) in TCP and conn/s.
  *
- * - Topology and anchors: ../shared/bench-anchors (topology.sh, paths.sh) with BA_PREFIX (mdb).
- *   paths.sh starts iperf3 and the tiny Node HTTP server in dest, and brings each anchor path
- *   (direct, wg, stunnel, socat) up and down.
+ * - Topology and anchors: the reference measurements (the bench-anchors: scripts measuring direct
+ *   forwarding, wireguard-go, kcptun, stunnel and socat relays on this machine, found at
+ *   $BENCH_SHARED/bench-anchors, by default beside the repository; docs/benchmarks.md): their
+ *   topology.sh builds four namespaces client, ingress, exit, dest (BA_PREFIX, mdb) joined by
+ *   veths, with plain forwarding as the `direct` path; paths.sh starts iperf3 and the tiny Node
+ *   HTTP server in dest, and brings each anchor path (direct, wg, stunnel, socat) up and down.
  * - nodetls: node-tls-relay.js (this directory), placed as paths.sh places stunnel: a plain TCP
  *   listener in ingress on the relay ports, each connection piped into a TLS 1.3 connection to a
  *   TLS server in exit, piped on to dest (self-signed P-256 certificate made at run time). The
@@ -40,8 +43,8 @@
  * Output: Markdown tables on stdout, JSON in bench/results/dataplane-<timestamp>.json and the raw
  * tool outputs and agent logs in bench/results/dataplane-<timestamp>-raw/ (git-ignored).
  * Settings (environment): REPS (3) DURATION (10) AB_C (32) BA_PREFIX (mdb) PATHS ("direct wg
- * stunnel socat nodetls mesh") UDP_RATE (0) UDP_LEN (1350) MGMT_INDEX (200) BENCH_SHARED
- * (<repo>/../shared)
+ * stunnel socat nodetls mesh") UDP_RATE (0) UDP_LEN (1350) MGMT_INDEX (200) BENCH_SHARED (the
+ * directory holding bench-anchors/; <repo>/../shared)
  * BENCH_PERF=1: each measurement of the paths in BENCH_PERF_PATHS ("mesh") runs under `perf
  * record -e cpu-clock -g`, one file per tunnel process (perf-r<rep>-<path>-<metric>-<process>.data
  * in the raw dir, with `perf report` by DSO and by symbol beside it; read them with
@@ -50,10 +53,10 @@
  * Mesh variants: `mesh` (NAT exit), `mesh-mv` (a MACVLAN exit: requires_interface, 10.91.2.50/24
  * on the exit's e0) and `mesh-tp` (the same with fully_transparent: TCP leaves from the client's
  * own address; dest's default route already leads back through the exit). Not in the default
- * PATHS: PATHS="mesh-mv mesh-tp" measures issue 7's ratio.
+ * PATHS: PATHS="mesh-mv mesh-tp" measures the transparency ratio.
  * BENCH_TUN_TXQLEN=N (experiment, not what the agent does): sets both TUNs' txqueuelen to N once
  * the service is up (the kernel's default for a TUN is 500 packets).
- * Issue 8 (the kcp transport): path `mesh-kcp` = the `mesh` service with transport_type kcp (checked
+ * The kcp transport: path `mesh-kcp` = the `mesh` service with transport_type kcp (checked
  * at the ingress: mesh_tunnel_up{transport="kcp"} 1); anchors beside it `kcp-aes-w` (paths.sh's
  * kcptun, tunnel CPU = its four kcp-* processes) and `mesh`. Figure `lat`: latency-client.js in the
  * client namespace, up to LAT_N (2000) sequential GETs on ONE keep-alive connection within DURATION
@@ -110,7 +113,7 @@ const NS = {
 };
 const STATE_DIR = `/tmp/bench-anchors-${S.prefix}`;
 const IP = { dest: '10.91.2.2', ingressUl: '10.91.0.1', exitUl: '10.91.0.2', ingressIn: '10.91.1.1' };
-/** Ports as in bench-anchors' common.sh: dest's services, the relays' ingress and exit listeners. */
+/** Ports as in the anchors' common.sh: dest's services, the relays' ingress and exit listeners. */
 const PORT = {
   iperf: 5201,
   http: 8080,
@@ -1244,7 +1247,7 @@ function summary(): string {
     if (paths.includes('wg')) {
       lines.push(
         '',
-        "Issue 5: mesh >= 1.0x wireguard-go (medians of the per-rep ratios). Since the stream path it applies to UDP only (the packet path); TCP and conn/s are printed for reference (conn/s is issue 6's target below):",
+        'Packet path: mesh >= 1.0x wireguard-go (medians of the per-rep ratios). Since the stream path it applies to UDP only; TCP and conn/s are printed for reference (conn/s is a stream-path target below):',
         '',
       );
       for (const m of METRICS) {
@@ -1261,7 +1264,7 @@ function summary(): string {
     ];
     const present = targets.filter(([p]) => paths.includes(p));
     if (present.length) {
-      lines.push('', 'Issue 6 (the stream path), medians of the per-rep ratios:', '');
+      lines.push('', 'Stream path, medians of the per-rep ratios:', '');
       for (const [p, m, what, min] of present) {
         const r = ratios('mesh', p, m, 'value');
         lines.push(`- ${what}: ${med(r)}x ${pf(r, min)}`);
@@ -1272,7 +1275,7 @@ function summary(): string {
     const pf = (xs: number[]) => (xs.length ? (median(xs) >= 0.9 ? 'PASS' : 'FAIL') : 'n/a');
     lines.push(
       '',
-      'Issue 7: fully transparent (mesh-tp) >= 0.9x the same MACVLAN service without transparency (mesh-mv), medians of the per-rep ratios:',
+      'Transparency: fully transparent (mesh-tp) >= 0.9x the same MACVLAN service without transparency (mesh-mv), medians of the per-rep ratios:',
       '',
     );
     for (const m of ['tcp1', 'tcp4', 'cps'] as const) {
@@ -1331,7 +1334,7 @@ function latRatios(num: string, den: string, key: 'p50Ms' | 'p99Ms' | 'maxMs'): 
   return out;
 }
 
-/** The latency table, the underlay's real drop rate, the delay checks and issue 8's targets. */
+/** The latency table, the underlay's real drop rate, the delay checks and the kcp transport's targets. */
 function kcpSummary(paths: string[]): string[] {
   const lines: string[] = [];
   const lat = (p: string, k: 'p50Ms' | 'p99Ms' | 'maxMs' | 'n') =>
@@ -1401,7 +1404,7 @@ function kcpSummary(paths: string[]): string[] {
     const pass = (ok: boolean, n: number) => (n ? (ok ? 'PASS' : 'FAIL') : 'n/a');
     lines.push(
       '',
-      `Issue 8 at LOSS ${S.loss} %, DELAY ${S.delayMs} ms (medians of the per-rep ratios; the throughput target is set at 0 % and 5 % loss, the latency one at 5 %):`,
+      `kcp transport at LOSS ${S.loss} %, DELAY ${S.delayMs} ms (medians of the per-rep ratios; the throughput target is set at 0 % and 5 % loss, the latency one at 5 %):`,
       '',
       `- throughput mesh-kcp >= 1.2x kcp-aes-w, TCP 1 stream: ${med(tput)}x ${pass(median(tput) >= 1.2, tput.length)} (TCP 4 streams: ${med(tput4)}x ${pass(median(tput4) >= 1.2, tput4.length)})`,
       `- p99 latency mesh-kcp <= kcp-aes-w: ${med(p99)}x ${pass(median(p99) <= 1, p99.length)}${S.loss === 5 ? '' : ' (reference: the target is at 5 % loss)'}`,

@@ -2,7 +2,8 @@
  * bench/transports/udp-impair: how fast the UDP impairment proxy (test/helpers/udp-impair.ts)
  * forwards 1400-byte datagrams on loopback, as a ratio to a plain UDP relay built the same way
  * without any impairment code, in the same run (`node dist/bench/transports/udp-impair.js`; not
- * part of the tests). The proxy must carry at least 300 Mbit/s unimpaired (issue 8's KCP tests).
+ * part of the tests). The proxy must carry at least 300 Mbit/s unimpaired (for the kcp transport's
+ * tests).
  *
  * The relay under test runs in a child process of its own (the proxy through its CLI, as tests in
  * namespaces run it); this process is the traffic generator: a sender socket connected to the

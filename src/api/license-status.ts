@@ -1,5 +1,5 @@
 /**
- * License lifecycle as the operator sees it (issue 9 item 3, DECISIONS §7): the warnings `/readyz`
+ * License lifecycle as the operator sees it (docs/decisions.md §7): the warnings `/readyz`
  * adds to its 200 body from 30 days before expiry, and the license gauges on /metrics. Used by the
  * health route and the agent's wiring only. Expiry is reported, never enforced here: the data
  * plane and the API keep serving after it (an expired license must not cut existing traffic).
@@ -67,7 +67,7 @@ export function registerLicenseMetrics(registry: Registry, store: Store, clock: 
   );
   gauge(
     'mesh_license_services_used',
-    'Services counted against max_services, inactive ones included (DECISIONS §5).',
+    'Services counted against max_services, inactive ones included (docs/decisions.md §5).',
     () => (license() ? store.serviceCount() : undefined),
   );
 }

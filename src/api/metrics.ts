@@ -1,5 +1,5 @@
 /**
- * Prometheus metrics of the management API (DECISIONS §7): requests by route and status with a
+ * Prometheus metrics of the management API (docs/decisions.md §7): requests by route and status with a
  * latency histogram, and token issuance and failures. One registry per agent (not prom-client's
  * global one), so several agents in one test process never mix their counts.
  */

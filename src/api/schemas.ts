@@ -254,7 +254,7 @@ export const ServiceRouteItem = Type.Object({
   dest_cidr: NullableString,
 });
 
-/** Extra field (DECISIONS §7): this agent's own view of the service's traffic; not replicated. */
+/** Extra field (docs/decisions.md §7): this agent's own view of the service's traffic; not replicated. */
 export const ServiceDataPlane = Type.Object(
   {
     role: Type.Union([Type.Literal('ingress'), Type.Literal('exit'), Type.Literal('none')], {

@@ -1,6 +1,6 @@
 /**
  * Access tokens: JWTs after RFC 9068, signed with the agent's Ed25519 token key (EdDSA), whose
- * public half is served in the JWKS with its RFC 7638 thumbprint as `kid` (DECISIONS §4).
+ * public half is served in the JWKS with its RFC 7638 thumbprint as `kid` (docs/decisions.md §4).
  *
  * Issuing encodes the compact JWS by hand and signs with node:crypto's one-shot Ed25519 sign:
  * jose's SignJWT goes through WebCrypto, whose hand-off to the threadpool cost 35 to 50 µs more

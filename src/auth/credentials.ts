@@ -1,6 +1,6 @@
 /**
  * API credentials (`/v1/credentials`): create with scopes no wider than the caller's own,
- * list without secrets, revoke (never the caller's own). Local to the agent (DECISIONS §5).
+ * list without secrets, revoke (never the caller's own). Local to the agent (docs/decisions.md §5).
  */
 import { type Clock, isoTime } from '../domain/clock.js';
 import { ApiError, forbidden, notFound } from '../domain/errors.js';

@@ -1,5 +1,5 @@
 /**
- * Slows repeated client-authentication failures at the token endpoint (DECISIONS §4): from the
+ * Slows repeated client-authentication failures at the token endpoint (docs/decisions.md §4): from the
  * 11th failure within a minute, per source address and per (client, address) pair, the answer is
  * 429 with Retry-After. Keyed by address, so an attacker elsewhere cannot lock the real client
  * out. Memory is bounded: windows are pruned as they age and the table has a hard cap.

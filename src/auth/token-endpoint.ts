@@ -1,7 +1,7 @@
 /**
  * The client credentials grant (RFC 6749 §4.4) as the agent answers it: request checks,
  * throttling, client authentication against the stored keyed hashes, scope narrowing, and the
- * `last_used_at` bookkeeping of DECISIONS §4. The HTTP route only moves bytes in and out.
+ * `last_used_at` bookkeeping of docs/decisions.md §4. The HTTP route only moves bytes in and out.
  */
 import { type Clock, isoTime } from '../domain/clock.js';
 import { OAuthError } from '../domain/errors.js';

@@ -1,5 +1,5 @@
 /**
- * Cluster-wide limits (DECISIONS §5): max_nodes and max_services hold even when two agents take
+ * Cluster-wide limits (docs/decisions.md §5): max_nodes and max_services hold even when two agents take
  * writes at the same moment, because every new service and every join is first admitted by one
  * agent, the allocator: the oldest active peer (by created_at, then peer id), which every agent
  * names alike from the replicated peers. The allocator counts what its own store holds plus the

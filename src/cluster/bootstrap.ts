@@ -108,7 +108,7 @@ export function bootstrapAgent(deps: BootstrapDeps, input: BootstrapInput): Boot
     license_id: input.license.license_id,
     cluster_id: clusterId,
     // The license keeps the text it was signed with; the answer gives the time in the API's
-    // one timestamp form (UTC, milliseconds, Z: DECISIONS §3), whatever offset the vendor used.
+    // one timestamp form (UTC, milliseconds, Z: docs/decisions.md §3), whatever offset the vendor used.
     expires_at: isoTime(expiresAtMs),
     max_nodes: input.license.max_nodes,
     max_services: input.license.max_services,

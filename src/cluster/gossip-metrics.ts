@@ -1,5 +1,5 @@
 /**
- * Prometheus metrics of gossip, registered in the agent's own registry (DECISIONS §7): messages
+ * Prometheus metrics of gossip, registered in the agent's own registry (docs/decisions.md §7): messages
  * and bytes by type and direction, refused messages by reason (the counter that shows forged,
  * replayed, stale or unauthorized gossip), records merged, how long a change took to reach this
  * agent (convergence), peers by liveness, and this agent's own SWIM incarnation (it rises each

@@ -33,7 +33,7 @@ export class HttpGossipTransport implements GossipTransport {
   constructor(private readonly scheme: 'http' | 'https') {
     this.agent =
       scheme === 'https'
-        ? // Agents authenticate each other by signatures, not by certificates (DECISIONS §5).
+        ? // Agents authenticate each other by signatures, not by certificates (docs/decisions.md §5).
           new https.Agent({ keepAlive: true, maxSockets: 4, rejectUnauthorized: false })
         : new http.Agent({ keepAlive: true, maxSockets: 4 });
   }

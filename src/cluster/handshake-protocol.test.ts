@@ -1,5 +1,5 @@
 /**
- * The merge rule of a join (DECISIONS §5), as pure functions: which cluster survives, and the
+ * The merge rule of a join (docs/decisions.md §5), as pure functions: which cluster survives, and the
  * cluster and credential records both agents adopt. Real agents merging are in
  * test/cluster/merge.test.ts; the tie on equal ages cannot be staged there.
  */

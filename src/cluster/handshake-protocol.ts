@@ -1,5 +1,5 @@
 /**
- * The peer handshake's messages and signatures (DECISIONS §5), pure. Two agents prove
+ * The peer handshake's messages and signatures (docs/decisions.md §5), pure. Two agents prove
  * possession of their Ed25519 keys by each signing a fresh nonce chosen by the other:
  *
  *   initiator                                   responder
@@ -53,7 +53,7 @@ export interface HandshakePeerInfo {
   oldest_peer_id: string;
   oldest_peer_created_at: string;
   active_peer_ids: string[];
-  /** Services of its cluster: a merge must fit max_services too (DECISIONS §5). */
+  /** Services of its cluster: a merge must fit max_services too (docs/decisions.md §5). */
   service_count: number;
   /**
    * The agent's own peer name and record version, so that the row the other side writes for it
@@ -176,7 +176,7 @@ export function verifySignature(publicKey: string, input: Buffer, signatureBase6
 
 /**
  * Which cluster keeps its id when two merge: the one whose oldest peer is older; ties by the
- * lower peer id (DECISIONS §5). Both sides compute the same answer.
+ * lower peer id (docs/decisions.md §5). Both sides compute the same answer.
  */
 export function survivingCluster(a: HandshakePeerInfo, b: HandshakePeerInfo): HandshakePeerInfo {
   const ta = Date.parse(a.oldest_peer_created_at);

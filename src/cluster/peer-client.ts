@@ -1,6 +1,6 @@
 /**
  * Outbound calls to another agent's API during a handshake. Dials only the address it is given;
- * every call has a 2 s deadline, follows no redirect and reads at most 64 KiB (DECISIONS §5), so
+ * every call has a 2 s deadline, follows no redirect and reads at most 64 KiB (docs/decisions.md §5), so
  * a slow, redirecting or flooding remote cannot hold or bloat this agent.
  */
 import http from 'node:http';

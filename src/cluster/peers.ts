@@ -343,7 +343,7 @@ export class Peers {
           'this is the local peer: leave the cluster with DELETE /v1/peers/self',
         );
       }
-      // The tombstone keeps anti-entropy from bringing the peer back (DECISIONS §5).
+      // The tombstone keeps anti-entropy from bringing the peer back (docs/decisions.md §5).
       const tombstone = { key: keyOf('peer', id), vkey: this.replica.nextVkey(peer.vkey, PEER_RANK.removed) };
       this.replica.deletePeerAndServices(id, tombstone.vkey, this.clock.now());
       this.store.putTombstone({ ...tombstone, arrivedAt: this.clock.now() });
@@ -422,7 +422,7 @@ export class Peers {
     }
   }
 
-  /** DECISIONS §5: leaving is final, so a departed agent neither joins nor lets others join it. */
+  /** docs/decisions.md §5: leaving is final, so a departed agent neither joins nor lets others join it. */
   private requireActive(state: AgentState): void {
     if (!this.store.peer(state.localPeerId)?.isActive) {
       throw handshakeFailed('this agent has left the cluster (DELETE /v1/peers/self is final)');
@@ -518,7 +518,7 @@ export class Peers {
   }
 
   /**
-   * Both sides of a join adopt the surviving cluster's id and credential (DECISIONS §5: the
+   * Both sides of a join adopt the surviving cluster's id and credential (docs/decisions.md §5: the
    * cluster whose oldest peer is older; ties by peer id).
    */
   private mergeClusters(

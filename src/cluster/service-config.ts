@@ -3,7 +3,7 @@
  * Create, update and delete with the checks of the API document in its order (400, then 404,
  * then 409/422); every write in one transaction. Every write carries a version key from the
  * replica, and a deletion leaves a tombstone, so gossip can replicate them (replica.ts). Ids are
- * made without coordination for that reason (DECISIONS §5). A new service is admitted by the
+ * made without coordination for that reason (docs/decisions.md §5). A new service is admitted by the
  * cluster's allocator first (allocator.ts): that is what holds max_services cluster-wide.
  */
 import { type Clock, isoTime } from '../domain/clock.js';
@@ -119,7 +119,7 @@ export class ServiceConfig {
         'a service from this source peer to this target peer already exists',
       );
     }
-    // Inactive services count too (DECISIONS §5).
+    // Inactive services count too (docs/decisions.md §5).
     if (this.store.serviceCount() >= maxServices) {
       throw new ApiError(
         'SERVICE_LIMIT_EXCEEDED',
@@ -129,7 +129,7 @@ export class ServiceConfig {
   }
 
   update(id: string, input: ServiceUpdate): ServiceRecord {
-    // What the body gets wrong on its own is a 400 before any lookup (DECISIONS §3 order).
+    // What the body gets wrong on its own is a 400 before any lookup (docs/decisions.md §3 order).
     interfaceCidr(input.desired_ipv4_cidr ?? null, 4, 'desired_ipv4_cidr');
     interfaceCidr(input.desired_ipv6_cidr ?? null, 6, 'desired_ipv6_cidr');
     return this.store.transaction(() => {

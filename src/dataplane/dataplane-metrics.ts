@@ -1,5 +1,5 @@
 /**
- * Prometheus metrics of the data plane (DECISIONS §7), read from the data plane's own counters
+ * Prometheus metrics of the data plane (docs/decisions.md §7), read from the data plane's own counters
  * at scrape time: IP bytes and packets per service and direction (sent into / received from the
  * tunnel), drops by cause (and per service), TCP connections carried as streams (open, opened,
  * bytes per direction, resets, refusals) per service, and tunnel state per peer.

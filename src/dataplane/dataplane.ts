@@ -114,7 +114,7 @@ export interface ServiceDataPlaneStatus {
   /** up: tunnel connected and kernel state applied. */
   state: 'up' | 'connecting' | 'down' | 'error' | 'inactive';
   /**
-   * The effective exit mode (LESSONS: a NAT toggle that silently does not take effect):
+   * The effective exit mode (so that a NAT setting that silently does not take effect shows):
    * transparent = TCP from the client's address, the rest from the MACVLAN's.
    */
   exit_mode: 'nat' | 'macvlan' | 'transparent' | null;
@@ -819,7 +819,7 @@ export class DataPlane {
             rpFilterAll: exit && v4 ? await kernel.readSysctl('net.ipv4.conf.all.rp_filter') : null,
             rpFilterDefault: exit && v4 ? await kernel.readSysctl('net.ipv4.conf.default.rp_filter') : null,
           });
-    // Said once when it appears, not on every reconcile (LESSONS: log floods).
+    // Said once when it appears, not on every reconcile: one bad host must not flood the log.
     if (host.join() !== this.hostProblems.join() && host.length > 0) {
       this.options.logger.warn({ problems: host }, 'the host does not forward: carried traffic cannot cross');
     }

@@ -52,7 +52,7 @@ function input(extra: Partial<PlanInput>): PlanInput {
   };
 }
 
-describe('plan: route selection order (DECISIONS §6)', () => {
+describe('plan: route selection order (docs/decisions.md §6)', () => {
   it('lower priority, then longer destination, longer source, lower id', () => {
     const routes = [
       route(5, S1, 10, null, '10.0.0.0/8'),

@@ -1,13 +1,13 @@
 /**
  * The data plane's pure core: from the replicated services and routes (as this agent sees them)
- * to the kernel state this agent wants (DECISIONS §6). No I/O: the reconciler feeds it and
+ * to the kernel state this agent wants (docs/decisions.md §6). No I/O: the reconciler feeds it and
  * applies the difference through the kernel port. docs/dataplane.md draws the result.
  *
  * Per service this agent carries, one slot N (1..4095) names everything: TUN `mesh-tN`, tables
  * tableOf(N) / exitTableOf(N), mark N << 16, MACVLAN `mesh-mN`.
  *
  * Ingress (source peer): each route becomes one policy rule per family, ordered by the route
- * selection order of DECISIONS §6 (priority, then longer destination prefix, then longer source
+ * selection order of docs/decisions.md §6 (priority, then longer destination prefix, then longer source
  * prefix, then lower route id), looking up tableOf(N), whose default route is the service's TUN.
  * Exit (target peer): packets read from the tunnel are written to the TUN; they get the
  * connection mark N, are NATed (masquerade, or SNAT to the MACVLAN address) and routed by main
@@ -50,7 +50,7 @@ export interface PlanService {
   /** Interface address with prefix, e.g. 10.91.2.50/24. */
   desiredIpv4Cidr: string | null;
   desiredIpv6Cidr: string | null;
-  /** bandwidth_limit_mbps: 0 or absent is unlimited (DECISIONS §6). */
+  /** bandwidth_limit_mbps: 0 or absent is unlimited (docs/decisions.md §6). */
   bandwidthLimitMbps?: number;
   /** fully_transparent: the exit's TCP leaves from the client's own address (docs/transparent.md). */
   fullyTransparent?: boolean;
@@ -153,7 +153,7 @@ export function carriedServices(
   return out.sort((a, b) => a.slot - b.slot);
 }
 
-/** DECISIONS §6 selection order: lower priority, longer destination, longer source, lower id. */
+/** docs/decisions.md §6 selection order: lower priority, longer destination, longer source, lower id. */
 export function compareRoutes(a: PlanRoute, b: PlanRoute): number {
   return (
     a.priority - b.priority ||

@@ -1,8 +1,9 @@
 /**
  * What the data plane needs from the host, checked at start (`--dataplane auto|on`) and on every
  * reconcile (forwarding), so that `/readyz` and one log line say why traffic cannot cross instead
- * of it failing silently. The agent changes none of these settings itself (LESSONS: global
- * sysctls changed behind the operator's back); docs/dataplane.md lists the commands.
+ * of it failing silently. The agent changes none of these settings itself (global sysctls changed
+ * behind the operator's back break other software on the host); docs/dataplane.md lists the
+ * commands.
  */
 import { execFile } from 'node:child_process';
 import { accessSync, constants, readFileSync } from 'node:fs';

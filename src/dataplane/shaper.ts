@@ -1,5 +1,5 @@
 /**
- * The bandwidth limit of a service (DECISIONS §6): one FairShaper per service per direction holds
+ * The bandwidth limit of a service (docs/decisions.md §6): one FairShaper per service per direction holds
  * that direction's payload at `bandwidth_limit_mbps` (10^6 bit/s), paced, and shares it fairly
  * between the service's flows. The same shaper serves the stream path (TCP chunks read from
  * sockets: request(), the socket stays paused until `go` runs) and the packet path (IP packets
@@ -14,7 +14,7 @@
  *   (10 Mbit/s · 10 ms = 12.5 kB), and the debt keeps the long-run rate exact. Waiting for at
  *   most half the depth means a timer that fires up to burstMs/2 late loses no tokens.
  * - Fairness is start-time fair queuing (SFQ, Goyal et al. 1996) rather than the deficit round
- *   robin the brief suggested: on the stream path a flow has at most one chunk waiting (its
+ *   robin one might reach for first: on the stream path a flow has at most one chunk waiting (its
  *   socket is paused), so between a grant and its next read it is not backlogged, and DRR, which
  *   forgets an emptied flow's deficit, would share per chunk instead of per byte (a flow reading
  *   64 KiB chunks would get 40 times one reading 1.5 kB). SFQ remembers each flow's finish tag

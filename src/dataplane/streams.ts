@@ -1,8 +1,8 @@
 /**
- * TCP connections carried as streams over the peer tunnels (issue 6). The ingress accepts a
- * client's connection (TPROXY listener, wired by dataplane.ts) and hands it to carry(); the mux
- * opens a stream to the service's exit, whose mux connects to the original destination
- * (options.connect) and pipes bytes both ways. Many streams share one tunnel per peer pair; the
+ * TCP connections carried as streams over the peer tunnels (the stream path, docs/dataplane.md).
+ * The ingress accepts a client's connection (TPROXY listener, wired by dataplane.ts) and hands it
+ * to carry(); the mux opens a stream to the service's exit, whose mux connects to the original
+ * destination (options.connect) and pipes bytes both ways. Many streams share one tunnel per peer pair; the
  * wire format is stream-frames.ts (tunnel message kinds 2..8). Used by the data plane only.
  *
  * Why credit flow control per stream (as yamux / HTTP/2): the tunnel is one ordered pipe, so a

@@ -1,5 +1,5 @@
 /**
- * Strict IPv4/IPv6 address and CIDR parsing for routes and interface addresses (DECISIONS §6).
+ * Strict IPv4/IPv6 address and CIDR parsing for routes and interface addresses (docs/decisions.md §6).
  * Refuses what an operator would not mean: leading zeros, spaces, zone ids, dotted IPv4 inside
  * IPv6 (IPv4-mapped and -compatible forms), prefixes out of range. Pure.
  */

@@ -24,7 +24,7 @@ export class ManualClock implements Clock {
   }
 }
 
-/** ISO 8601 UTC with milliseconds and a `Z` suffix (DECISIONS §3). */
+/** ISO 8601 UTC with milliseconds and a `Z` suffix (docs/decisions.md §3). */
 export const isoTime = (ms: number): string => new Date(ms).toISOString();
 
 /**

@@ -1,5 +1,5 @@
 /**
- * The License object of the API document and the bytes its signature covers (DECISIONS §2):
+ * The License object of the API document and the bytes its signature covers (docs/decisions.md §2):
  * the RFC 8785 (JCS) canonical JSON of the object without its `signature` field. Pure.
  */
 import canonicalize from 'canonicalize';

@@ -1,5 +1,5 @@
 /**
- * A peer's `address`: its management API `host:port` (DECISIONS §5). Port 1 to 65535, IPv6 hosts
+ * A peer's `address`: its management API `host:port` (docs/decisions.md §5). Port 1 to 65535, IPv6 hosts
  * in brackets, hostnames after RFC 1123. Pure.
  */
 import { formatIp, parseIpv4, parseIpv6 } from './cidr.js';

@@ -1,5 +1,5 @@
 /**
- * Scope values of the API document and the rules between them (DECISIONS §4).
+ * Scope values of the API document and the rules between them (docs/decisions.md §4).
  * Pure: no I/O.
  */
 

@@ -1,6 +1,6 @@
 /**
  * The vendor side of licenses, for `mesh-agent license keygen|sign` and for `serve --dev`:
- * make a signing key pair and sign License objects (DECISIONS §1 and §2).
+ * make a signing key pair and sign License objects (docs/decisions.md §1 and §2).
  */
 import { createPrivateKey, generateKeyPairSync, type KeyObject, sign } from 'node:crypto';
 import { type License, licenseSigningInput } from '../domain/license.js';

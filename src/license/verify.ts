@@ -1,5 +1,5 @@
 /**
- * License verification (DECISIONS §2): signature against the trusted vendor keys, then expiry.
+ * License verification (docs/decisions.md §2): signature against the trusted vendor keys, then expiry.
  * Shape is checked before this, by the request schema. Used by bootstrap and, later, by joins.
  */
 import { createPublicKey, type KeyObject, verify } from 'node:crypto';

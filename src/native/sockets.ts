@@ -1,7 +1,7 @@
 /**
- * TCP sockets Node's net module cannot make, for the data plane's stream path (issues 6 and 7); the only
- * module that loads the socket addon (build/Release/mesh_sockets.node, built by `npm install` through
- * node-gyp from binding.gyp and native/sockets.cc).
+ * TCP sockets Node's net module cannot make, for the data plane's stream path and fully transparent
+ * services; the only module that loads the socket addon (build/Release/mesh_sockets.node, built by
+ * `npm install` through node-gyp from binding.gyp and native/sockets.cc).
  * - openTransparentListener: a listening fd with IP_TRANSPARENT (IPV6_TRANSPARENT), for
  *   `net.createServer().listen({ fd })`. Connections nftables TPROXYs to it are accepted with their
  *   ORIGINAL destination as socket.localAddress/localPort.

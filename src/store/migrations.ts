@@ -91,7 +91,7 @@ export const MIGRATIONS: readonly string[] = [
   ) STRICT;
   CREATE INDEX routes_service ON routes (service_id);
   `,
-  // 3: replication (the cluster issue): a version key on every replicated row, tombstones for
+  // 3: replication (the cluster, docs/gossip.md): a version key on every replicated row, tombstones for
   // deleted records, and the cluster credential keyed by key id, so that two clusters' chains
   // (whose version numbers collide) can be held side by side after a merge.
   `

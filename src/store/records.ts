@@ -1,6 +1,6 @@
 /**
  * The rows the store keeps, as the rest of the agent sees them. Times are ISO 8601 strings as
- * the API shows them (DECISIONS §3), so nothing converts them twice.
+ * the API shows them (docs/decisions.md §3), so nothing converts them twice.
  */
 import type { License } from '../domain/license.js';
 import type { Scope } from '../domain/scopes.js';

@@ -1,5 +1,5 @@
 /**
- * Prometheus metrics of the kcp transport (DECISIONS §7), read from its counters at scrape time:
+ * Prometheus metrics of the kcp transport (docs/decisions.md §7), read from its counters at scrape time:
  * datagrams and bytes per direction, dropped datagrams by reason (a failed authentication, a
  * replay, ... : what an attacker or a broken path costs), handshakes, and per peer the current
  * link's KCP figures: retransmissions (by timeout and fast), RTT and pacing rate. The per-peer

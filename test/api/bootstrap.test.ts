@@ -1,5 +1,5 @@
 /**
- * POST /v1/bootstrap (API document, Bootstrap; DECISIONS §2): the shape checks (400), the
+ * POST /v1/bootstrap (API document, Bootstrap; docs/decisions.md §2): the shape checks (400), the
  * signature checks (422 LICENSE_INVALID), expiry (422 LICENSE_EXPIRED), the one success and the
  * 409 after it. After every refusal the agent must still be unbootstrapped.
  */

@@ -1,6 +1,6 @@
 /**
  * Cluster and discovery endpoints on one agent (API document, Token and discovery, Cluster,
- * Peers; DECISIONS §4, §5): the public identity before and after bootstrap, the cluster
+ * Peers; docs/decisions.md §4, §5): the public identity before and after bootstrap, the cluster
  * credential and its rotation, the OIDC discovery document and the JWKS, and the peer reads.
  */
 import assert from 'node:assert/strict';
@@ -165,7 +165,7 @@ describe('cluster identity, cluster credential and peers', () => {
     assert.equal(p.is_local, true);
     assert.equal(p.address, `127.0.0.1:${agent.port}`);
     assertTimestamp(p.created_at, 'created_at', Date.now());
-    // DECISIONS §5 extra fields.
+    // docs/decisions.md §5 extra fields.
     assert.equal(p.is_active, true);
     assert.ok(Number.isInteger(p.version));
     assert.equal(p.deactivated_at, null);
@@ -227,7 +227,7 @@ describe('OIDC discovery and JWKS', () => {
     assert.equal(await agent.stop(), 0);
   });
 
-  it('serves the discovery document with the fields of DECISIONS §4 and issuer = the agent URL', async () => {
+  it('serves the discovery document with the fields of docs/decisions.md §4 and issuer = the agent URL', async () => {
     const res = await agent.client.get('/.well-known/openid-configuration');
     assert.equal(res.status, 200);
     assert.match(String(res.headers['content-type']), /^application\/json/);

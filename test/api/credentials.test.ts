@@ -1,5 +1,5 @@
 /**
- * /v1/credentials (API document, Credentials; DECISIONS §3, §4): the list form and its fields,
+ * /v1/credentials (API document, Credentials; docs/decisions.md §3, §4): the list form and its fields,
  * creation with scopes (empty or absent means admin), 400 for an invalid scope, 403 for scopes
  * wider than the caller's, revocation (404, 422 CANNOT_REVOKE_CURRENT, 200 and the token stops at
  * once), the scope guards and the 401 → 403 → 400 → 404 → 422 order.

@@ -1,9 +1,10 @@
 /**
- * /docs in a real browser (issue 9): Debian's headless Chromium driven by playwright-core opens
- * the agent's Swagger UI, which must render with no request leaving the agent's origin, no
- * console or page error, and one operation block for every (method, path) of the OpenAPI document
- * the agent serves and of the endpoint tables of ../shared/spec/mesh-agent-api.md. The spec is the
- * second oracle so that an endpoint missing from both the document and the page is still caught.
+ * /docs in a real browser: Debian's headless Chromium driven by playwright-core opens the agent's
+ * Swagger UI, which must render with no request leaving the agent's origin, no console or page
+ * error, and one operation block for every (method, path) of the OpenAPI document the agent serves
+ * and of the endpoint tables of docs/api.md (read from the repository). The API document is the
+ * second oracle so that an endpoint missing from both the OpenAPI document and the page is still
+ * caught.
  */
 import assert from 'node:assert/strict';
 import { existsSync, readFileSync } from 'node:fs';
@@ -14,7 +15,8 @@ import { type Node, startNode } from '../helpers/nodes.js';
 
 /** Debian's package (`apt-get install chromium`), not a browser playwright downloads. */
 const CHROMIUM = '/usr/bin/chromium';
-const SPEC = new URL('../../../../shared/spec/mesh-agent-api.md', import.meta.url);
+/** The API document in the repository; compiled, this file runs from dist/test/api/. */
+const SPEC = new URL('../../../docs/api.md', import.meta.url);
 const METHODS = ['get', 'put', 'post', 'delete', 'patch', 'head', 'options', 'trace'];
 
 /** `METHOD /path` keys, sorted, so a failing deepEqual shows the odd ones out. */
@@ -150,7 +152,7 @@ describe('/docs rendered in headless Chromium', { timeout: 60_000 }, () => {
     );
   });
 
-  it('lists every endpoint of mesh-agent-api.md', async () => {
+  it('lists every endpoint of docs/api.md', async () => {
     const spec = specEndpoints();
     assert.ok(spec.length >= 20, `endpoints parsed from the spec: ${spec.join(', ')}`);
     const rendered = new Set(await renderedOperations(page));

@@ -17,7 +17,7 @@
  *
  * One agent per describe. A single agent has no remote peer, so the service and route entries
  * target ids that do not exist: their well-formed bodies end at 404, which still puts every
- * field check (400 before 404, DECISIONS §3) under the fuzzer, but not the create/update paths.
+ * field check (400 before 404, docs/decisions.md §3) under the fuzzer, but not the create/update paths.
  *
  * Reproduce a failure with FC_SEED=<seed printed by fast-check>.
  */

@@ -1,5 +1,5 @@
 /**
- * Health probes and the generic HTTP rules of DECISIONS §3: unknown path 404 NOT_FOUND, wrong
+ * Health probes and the generic HTTP rules of docs/decisions.md §3: unknown path 404 NOT_FOUND, wrong
  * method 405 METHOD_NOT_ALLOWED with Allow, a body that is not a JSON object 400, 413 over 1 MiB
  * (lightly: fuzzing covers it), 201 for creates and 200 `{deleted: true}`, timestamps in UTC
  * with milliseconds and Z, and the request id echoed in `x-request-id`.

@@ -1,5 +1,5 @@
 /**
- * License lifecycle (issue 9 item 3): with the test clock moved forward, /readyz stays 200 and adds
+ * License lifecycle (docs/metrics.md, docs/decisions.md §7): with the test clock moved forward, /readyz stays 200 and adds
  * a warning 30 days before expiry and after it, the license gauges on /metrics follow the clock,
  * and an expired license stops nothing: the agent stays live and ready and keeps serving its API,
  * and in a two-agent cluster the peers, the services and replication carry on past expiry.

@@ -1,5 +1,5 @@
 /**
- * /metrics against the Prometheus text exposition format 0.0.4 (issue 9, tests): every scrape is
+ * /metrics against the Prometheus text exposition format 0.0.4: every scrape is
  * read by the official Python client's parser and linted by `promtool check metrics`
  * (test/helpers/prometheus-text.ts); on the families they return, the checks neither tool makes
  * (one family per name so contiguous, typed, no series twice, counters non-negative, histograms

@@ -2,7 +2,7 @@
  * The OAuth2 token endpoint (POST /v1/oauth/token), discovery and JWKS, as a mature OAuth server
  * answers them: RFC 6749 client credentials with client_secret_post and client_secret_basic,
  * RFC 6749 §5.2 errors, RFC 9068 access tokens, scope narrowing, throttling and a stock client
- * library end to end (API document "Authentication", DECISIONS §4). Real HTTP, real agents.
+ * library end to end (API document "Authentication", docs/decisions.md §4). Real HTTP, real agents.
  *
  * Failed client authentications are throttled per source address, so each test that makes some
  * sends them from its own loopback address and cannot push another test over the limit.
@@ -439,7 +439,7 @@ describe('OAuth2 token endpoint, discovery and JWKS', () => {
     assert.equal(await lastUsed(), first, 'written at most once a minute');
   });
 
-  it("publishes the discovery document of DECISIONS §4, and the JWKS holds the token's kid", async () => {
+  it("publishes the discovery document of docs/decisions.md §4, and the JWKS holds the token's kid", async () => {
     const res = await agent.client.get('/.well-known/openid-configuration');
     assert.equal(res.status, 200, res.text);
     const doc = res.body;

@@ -1,6 +1,6 @@
 /**
  * The served OpenAPI document: a valid OpenAPI 3.1 document by a stock validator, holding every
- * path and status that the API document and DECISIONS give for the endpoints served. Real
+ * path and status that the API document and docs/decisions.md give for the endpoints served. Real
  * responses are checked against it by every API test (test/helpers/api-client.ts).
  */
 import assert from 'node:assert/strict';

@@ -1,5 +1,5 @@
 /**
- * The extensions of DECISIONS §7 an operator reads: /metrics (Prometheus text, any *.read scope
+ * The extensions of docs/decisions.md §7 an operator reads: /metrics (Prometheus text, any *.read scope
  * or admin, public with --metrics-public), /v1/cluster/license (usage and days to expiry, admin),
  * and /docs (the API reference rendered from the OpenAPI document, assets served locally).
  */

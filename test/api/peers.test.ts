@@ -1,6 +1,6 @@
 /**
  * Peer edits and cluster init/sync over real HTTP (API document, Peers, Cluster, States;
- * DECISIONS §3, §5): the is_local filter, rename, removing a remote peer (its services go),
+ * docs/decisions.md §3, §5): the is_local filter, rename, removing a remote peer (its services go),
  * the local peer refused, leaving with DELETE /v1/peers/self (its services become inactive),
  * POST /v1/cluster/init with and without force, POST /v1/cluster/sync, and their 401/403 rows.
  * The handshake itself is tested in test/cluster/handshake.test.ts. Four agents joined into one

@@ -1,5 +1,5 @@
 /**
- * Routes over real HTTP (API document, Routes; DECISIONS §3, §5, §6): bulk create (ids and
+ * Routes over real HTTP (API document, Routes; docs/decisions.md §3, §5, §6): bulk create (ids and
  * count, all or none), IPv4 and IPv6, every INVALID_CIDR case, priority bounds, the list, PUT
  * (only given fields change), DELETE, every 404, the numeric route id in the path, and the
  * 401/403 rows. Two agents joined; services S (A→B) and T (B→A) on the first agent.
@@ -104,7 +104,7 @@ describe('routes API', () => {
         assert.ok(Number.isSafeInteger(id) && id >= 1 && id <= MAX_ROUTE_ID, `route id ${id} in range`);
       }
       assert.equal(new Set(res.body.route_ids).size, 4, 'distinct ids');
-      // Random ids (DECISIONS §5): not a small sequence.
+      // Random ids (docs/decisions.md §5): not a small sequence.
       assert.ok(
         res.body.route_ids.some((id: number) => id > 2 ** 32),
         'ids are drawn from the whole range',
@@ -400,7 +400,7 @@ describe('routes API', () => {
       await unchanged(t, async () => {
         assertError(await put(s, onT, { priority: 2 }), 404, 'NOT_FOUND', "T's route under S");
       });
-      // 400 comes before 404 (DECISIONS §3).
+      // 400 comes before 404 (docs/decisions.md §3).
       assertError(
         await put(UNKNOWN_SERVICE, onS, { dest_cidr: 'bad' }),
         400,

@@ -1,5 +1,5 @@
 /**
- * Services over real HTTP (API document, Services; DECISIONS §3, §5, §6): create with defaults
+ * Services over real HTTP (API document, Services; docs/decisions.md §3, §5, §6): create with defaults
  * and with every field, the exact field sets of the create, list and single forms, the list
  * filters, every documented error row, the transparent-mode rules, PUT (only given fields
  * change; fixed fields), DELETE with its cascade, and the validation order 401 → 403 → 400 →
@@ -33,7 +33,7 @@ const COMMON_FIELDS = [
   'source_peer_id',
   'target_peer_id',
   'transport_type',
-  // extra fields of DECISIONS §5/§7
+  // extra fields of docs/decisions.md §5/§7
   'is_active',
   'version',
 ];

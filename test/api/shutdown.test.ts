@@ -1,5 +1,5 @@
 /**
- * Clean stop (DECISIONS §1): on SIGTERM and on SIGINT a request in flight finishes with its normal
+ * Clean stop (docs/decisions.md §1): on SIGTERM and on SIGINT a request in flight finishes with its normal
  * answer, the process exits 0, the database is closed cleanly (integrity check passes, no WAL
  * left behind) and what the request wrote is there after a restart on the same data dir.
  *

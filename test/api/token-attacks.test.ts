@@ -1,5 +1,5 @@
 /**
- * Attacks on the bearer token check of the management API (DECISIONS §4, API document
+ * Attacks on the bearer token check of the management API (docs/decisions.md §4, API document
  * "Authentication" 5), as real HTTP against real agent processes.
  *
  * Every attack must answer 401 `{error, code: "UNAUTHORIZED"}` on an authenticated endpoint, and

@@ -1,5 +1,5 @@
 /**
- * The `mesh-agent` client commands end to end (issue 9 item 1): the compiled binary against two
+ * The `mesh-agent` client commands end to end (docs/cli.md): the compiled binary against two
  * real agents over real HTTP. Every command in table and --json form, the exit code of each
  * class (usage 2, API 4xx 1, unreachable and 5xx 3, not logged in 4), the API's code and text
  * on stderr, the profile's file modes, the token cache (reused, refreshed before expiry, fetched

@@ -1,5 +1,5 @@
 /**
- * `mesh-agent license keygen` and `license sign` (DECISIONS §1, §2): the key files and their
+ * `mesh-agent license keygen` and `license sign` (docs/decisions.md §1, §2): the key files and their
  * modes, the License printed on stdout, and that such a license bootstraps an agent trusting the
  * .pub (as a PEM file or as base64 of the raw key) and no other. Bad flags exit 2.
  */

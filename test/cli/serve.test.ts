@@ -1,5 +1,5 @@
 /**
- * `mesh-agent serve` (DECISIONS §1, §2): `--dev` writes a signing key, a trial license and a
+ * `mesh-agent serve` (docs/decisions.md §1, §2): `--dev` writes a signing key, a trial license and a
  * bootstrap body into the data dir and prints curl lines that work as printed; without --dev
  * and without --license-public-key every bootstrap is 422 LICENSE_INVALID saying why; start-up
  * usage errors (a wildcard --listen without --advertise first) exit 2 with a message.

@@ -1,5 +1,5 @@
 /**
- * The one-shot peer handshake between real agent processes on loopback (DECISIONS §5): success
+ * The one-shot peer handshake between real agent processes on loopback (docs/decisions.md §5): success
  * both ways, and every refusal, each leaving both agents unchanged.
  */
 import assert from 'node:assert/strict';

@@ -1,5 +1,5 @@
 /**
- * Two clusters of real agents merging by one handshake (DECISIONS §5): a merge that would not fit
+ * Two clusters of real agents merging by one handshake (docs/decisions.md §5): a merge that would not fit
  * the license is refused with neither side changed (nodes, then services, tried from both sides);
  * once it fits, every member of both clusters ends with one state holding both clusters' peers,
  * services and routes, the older cluster's id and credential, and the younger cluster's former
@@ -63,7 +63,7 @@ async function everything(members: readonly Member[]): Promise<unknown[]> {
   );
 }
 
-describe('merging two clusters (DECISIONS §5)', { timeout: 120_000 }, () => {
+describe('merging two clusters (docs/decisions.md §5)', { timeout: 120_000 }, () => {
   let x: Member[] = [];
   let y: Member[] = [];
   /** Every agent started, stopped at the end whatever happened. */

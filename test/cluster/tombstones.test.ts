@@ -1,6 +1,6 @@
 /**
- * Tombstone collection across real agents (issue 4: "tombstones expire only after every peer has
- * seen them", docs/gossip.md "Tombstones"). A deletion's tombstone leaves the digest an hour
+ * Tombstone collection across real agents (tombstones expire only after every peer has seen them:
+ * docs/gossip.md "Tombstones"). A deletion's tombstone leaves the digest an hour
  * after its write; it is deleted from the store only once every active peer has shown an equal
  * digest root since. With nobody cut off that happens within a few rounds past the horizon (the
  * control); with an agent cut off through the horizon the others keep the tombstone, so that when

@@ -6,7 +6,7 @@
  *
  * The cases share the cluster and run in order: services are created, changed and deleted along
  * the way, and the agents are restarted and killed near the end. The whole suite runs once per
- * transport_type (traffic-tcp.test.ts, traffic-kcp.test.ts): every service it creates has it.
+ * transport_type (traffic-tcp.root.test.ts, traffic-kcp.root.test.ts): every service it creates has it.
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';

@@ -1,5 +1,5 @@
 /**
- * Assertions shared by the endpoint tests: the error body shape of DECISIONS §3, the timestamp
+ * Assertions shared by the endpoint tests: the error body shape of docs/decisions.md §3, the timestamp
  * form, and tokens narrowed to chosen scopes.
  */
 import assert from 'node:assert/strict';
@@ -7,7 +7,7 @@ import { type ScopeName, scope } from '../../src/domain/scopes.js';
 import type { AgentProcess } from './agent-process.js';
 import type { ApiResponse } from './api-client.js';
 
-/** ISO 8601 in UTC with milliseconds and a Z suffix (DECISIONS §3). */
+/** ISO 8601 in UTC with milliseconds and a Z suffix (docs/decisions.md §3). */
 export const ISO_MS_Z = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$/;
 
 export function assertTimestamp(value: unknown, what: string, nearMs?: number): void {

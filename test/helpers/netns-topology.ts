@@ -1,10 +1,12 @@
 /**
- * The data-plane tests' network: the bench-anchors topology (../shared/bench-anchors/topology.sh)
- * in network namespaces of the test's own, without the plain forwarding routes between the client
- * and destination networks (nothing crosses unless the agents carry it), with IPv6 ULAs on every
- * link (nodad) and an optional second exit. Each agent namespace also has a management veth to
- * the test's namespace, so the test reaches the agents' APIs while the agents talk to each other
- * over the underlay.
+ * The data-plane tests' network: four network namespaces of the test's own in a line, client,
+ * ingress, exit and dest, joined by veth pairs; the client and dest networks sit behind ingress
+ * and exit, which share an underlay (the addresses and interface names below, the same layout as
+ * the data-plane benchmark's, docs/benchmarks.md). Unlike the benchmark's, it has no plain
+ * forwarding routes between the client and destination networks (nothing crosses unless the
+ * agents carry it), IPv6 ULAs on every link (nodad) and an optional second exit. Each agent
+ * namespace also has a management veth to the test's namespace, so the test reaches the agents'
+ * APIs while the agents talk to each other over the underlay.
  *
  *  client 10.91.1.2 --c0/i0-- 10.91.1.1 ingress 10.91.0.1 --i1/e1-- 10.91.0.2 exit 10.91.2.1 --e0/d0-- 10.91.2.2 dest
  *                                        ingress 10.91.3.1 --i2/f1-- 10.91.3.2 exit2 10.91.4.1 --f0/d1-- 10.91.4.2 dest

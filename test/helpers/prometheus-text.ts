@@ -1,6 +1,6 @@
 /**
  * The Prometheus text exposition format read by Prometheus's own tools, not by a parser written
- * here (issue 9; tests only): parseExposition runs the official Python client's parser
+ * here (tests only): parseExposition runs the official Python client's parser
  * (prometheus_client.parser.text_string_to_metric_families, Debian's python3-prometheus-client)
  * and promtoolCheckMetrics runs `promtool check metrics` (Debian's prometheus), the Go parser and
  * linter Prometheus ships. Both read the exposition on stdin. A missing tool throws with the

@@ -1,5 +1,5 @@
 /**
- * The program src/native/sockets.test.ts runs inside its network namespaces
+ * The program src/native/sockets.root.test.ts runs inside its network namespaces
  * (`ip netns exec NS node dist/test/helpers/sockets-child.js OP JSON`): socket options and TPROXY act in
  * the namespace of the process that opens the socket, so the node process itself must be there.
  * Every result is one JSON line on stdout.

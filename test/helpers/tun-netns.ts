@@ -1,5 +1,5 @@
 /**
- * One throw-away network namespace for tests of the TUN addon (src/native/tun.test.ts, bench/native):
+ * One throw-away network namespace for tests of the TUN addon (src/native/tun.root.test.ts, bench/native):
  * create it, run `ip -n` and commands inside it with bounded timeouts, delete it (and whatever still runs
  * in it). Names are `<prefix>-<pid>-<n>`, so files running at the same time never share one, and a
  * leftover of a killed run (its pid gone) is removed by the next create().

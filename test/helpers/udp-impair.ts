@@ -2,7 +2,7 @@
  * A UDP impairment proxy for tests and benches (this kernel has no netem): it sits between UDP
  * clients and one UDP server and loses, delays (with jitter), duplicates and reorders what it
  * forwards, per direction, from a seeded PRNG so a run's decisions can be replayed exactly, and can
- * cut the link for an outage window. For the tests and benches of the transports (issue 8's KCP
+ * cut the link for an outage window. For the tests and benches of the transports (the `kcp`
  * transport first); nothing under src/ may use it.
  *
  * In-process: `const p = await UdpImpairProxy.start({ listen: '127.0.0.1:0', to: '127.0.0.1:9000',

@@ -1,5 +1,5 @@
 /**
- * The agent-to-agent handshake endpoints (internal, DECISIONS §5). They take no OAuth token: a
+ * The agent-to-agent handshake endpoints (internal, docs/decisions.md §5). They take no OAuth token: a
  * joining agent has no credential of this cluster yet. Each message is authenticated instead by
  * an Ed25519 signature over a nonce the other side chose (cluster/handshake-protocol.ts), and
  * only agents under the same license get past the first step.

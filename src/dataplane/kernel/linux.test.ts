@@ -11,7 +11,7 @@ import {
 } from './linux.js';
 
 // Samples are what iproute2 6.1 prints (`ip -N -j rule show`, `ip -N -j route show table all`,
-// `ip -j -d addr show`); the root test in test/dataplane/kernel-port.test.ts checks the real thing.
+// `ip -j -d addr show`); the root test in test/dataplane/kernel-port.root.test.ts checks the real thing.
 describe('LinuxKernel parsing', () => {
   it('splits the JSON documents of an `ip -j -batch` run', () => {
     assert.deepStrictEqual(splitJsonDocuments('[{"a":"]["}]\n[]\n[{"b":"\\"}"}]\n'), [

@@ -1,6 +1,6 @@
 /**
  * How the agent marks the kernel state it owns, so that it removes only its own state (also a
- * crashed predecessor's) and never touches anyone else's (DECISIONS §6, LESSONS: state left
+ * crashed predecessor's) and never touches anyone else's (docs/decisions.md §6; nothing is left
  * behind after a crash). Everything here is a constant of the on-host contract: changing one
  * strands state created by an older version, so add new ranges rather than move these.
  *

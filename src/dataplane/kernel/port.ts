@@ -117,7 +117,7 @@ export interface KernelPort {
   readSysctl(key: string): Promise<string | null>;
   /**
    * Sets one sysctl. Only for the keys a service needs (a transparent exit's rp_filter, see
-   * docs/transparent.md): LESSONS, global sysctls changed behind the operator's back. Throws a
+   * docs/transparent.md): never global sysctls behind the operator's back. Throws a
    * KernelError saying why it could not (read-only /proc/sys, no CAP_NET_ADMIN, no such key).
    */
   writeSysctl(key: string, value: string): Promise<void>;

@@ -5,7 +5,7 @@
  * packets can be read and which can inject packets, and refuses what the real kernel refuses
  * when that matters to a caller: adding an existing link/address/rule/route, deleting a missing
  * one, an address on a missing link, a route through a missing or down device. The same
- * scenario runs against both in test/dataplane/kernel-port.test.ts so the twin cannot drift.
+ * scenario runs against both in test/dataplane/kernel-port.root.test.ts so the twin cannot drift.
  *
  * Kernel behaviours it copies (checked against Linux 6.x by that test, except where noted):
  * - a batch stops at the first failing line; the lines before it stay applied;
