@@ -20,12 +20,12 @@ import type { ServiceConfig } from '../cluster/service-config.js';
 import type { ServiceDataPlaneStatus } from '../dataplane/dataplane.js';
 import type { Clock } from '../domain/clock.js';
 import { ApiError } from '../domain/errors.js';
-import { ALL_SCOPES } from '../domain/scopes.js';
+import { ALL_SCOPES, SCOPE_PREFIX } from '../domain/scopes.js';
 import type { Store } from '../store/store.js';
 import { makeAuthorizeHook } from './authorize.js';
 import { replyToClientError, replyWithError } from './error-reply.js';
 import type { ApiMetrics } from './metrics.js';
-import { guardFor } from './route-scopes.js';
+import { guardFor, openApiSecurity } from './route-scopes.js';
 import { registerBootstrapRoutes } from './routes/bootstrap.js';
 import { registerClusterRoutes } from './routes/cluster.js';
 import { registerCredentialRoutes } from './routes/credentials.js';
@@ -57,8 +57,8 @@ export interface AppDeps {
   peers: Peers;
   /** POST /v1/cluster/sync: run heartbeats, anti-entropy and subsystems now; resolves when done. */
   sync: () => Promise<void>;
-  /** GET /v1/services/{id}'s `dataplane` field; absent when the data plane is off. */
-  dataplaneStatus?: (serviceId: string) => ServiceDataPlaneStatus;
+  /** GET /v1/services/{id}'s `dataplane` field: undefined where no data plane runs. */
+  dataplaneStatus?: (serviceId: string) => ServiceDataPlaneStatus | undefined;
   /** A peer's liveness as this agent observes it (gossip failure detection). */
   liveness: (peerId: string) => PeerLivenessView;
   /** Answers POST /internal/v1/gossip (cluster/gossip.ts). */
@@ -158,7 +158,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
       info: {
         title: 'mesh-agent management API',
         version: deps.version,
-        description: 'Follows mesh-agent-api.md and DECISIONS.md. Errors: {error, code}; see docs/errors.md.',
+        description: 'Follows docs/api.md and docs/decisions.md. Errors: {error, code}; see docs/errors.md.',
       },
       servers: [{ url: deps.publicUrl }],
       components: {
@@ -168,7 +168,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
             flows: {
               clientCredentials: {
                 tokenUrl: '/v1/oauth/token',
-                scopes: Object.fromEntries(ALL_SCOPES.map((s) => [s, s.slice('urn:vendor:service:'.length)])),
+                scopes: Object.fromEntries(ALL_SCOPES.map((s) => [s, s.slice(SCOPE_PREFIX.length)])),
               },
             },
           },
@@ -185,11 +185,18 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   const methodsByUrl = new Map<string, Set<string>>();
   app.addHook('onRoute', (route) => {
     if ((route.config as { methodNotAllowed?: boolean } | undefined)?.methodNotAllowed) return;
+    if (route.schema?.security !== undefined) {
+      throw new Error(`route ${route.url} states its OpenAPI security; it is written from ROUTE_SCOPES`);
+    }
     for (const method of [route.method].flat()) {
       if (method === 'HEAD') continue;
-      if (guardFor(method, route.url) === undefined) {
+      const guard = guardFor(method, route.url);
+      if (guard === undefined) {
         throw new Error(`route ${method} ${route.url} has no entry in ROUTE_SCOPES`);
       }
+      // The document states the scope that authorize.ts enforces, from the same table.
+      const security = openApiSecurity(guard);
+      if (security && route.schema) route.schema = { ...route.schema, security };
       const set = methodsByUrl.get(route.url) ?? new Set<string>();
       set.add(method);
       methodsByUrl.set(route.url, set);
@@ -219,7 +226,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
     async () => app.swagger(),
   );
 
-  // A known path with the wrong method is 405 with Allow (DECISIONS §3), not 404.
+  // A known path with the wrong method is 405 with Allow (docs/decisions.md §3), not 404.
   for (const [url, methods] of methodsByUrl) {
     const missing = ALL_METHODS.filter((m) => !methods.has(m));
     if (missing.length === 0) continue;

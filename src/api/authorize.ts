@@ -1,6 +1,6 @@
 /**
  * The one hook that enforces ROUTE_SCOPES: 401 for a missing, invalid, expired or revoked
- * token, then 403 for a scope the token lacks (DECISIONS §3 order: 401, 403, then validation).
+ * token, then 403 for a scope the token lacks (docs/decisions.md §3 order: 401, 403, then validation).
  * It runs in onRequest, before the body is read, so unauthenticated callers cannot make the
  * agent parse large bodies.
  */
@@ -10,7 +10,7 @@ import type { Caller } from '../auth/credentials.js';
 import { ApiError, forbidden } from '../domain/errors.js';
 import { grants, scope } from '../domain/scopes.js';
 import type { Store } from '../store/store.js';
-import { guardFor, type RouteGuard } from './route-scopes.js';
+import { guardFor, isTokenless, type RouteGuard } from './route-scopes.js';
 
 declare module 'fastify' {
   interface FastifyRequest {
@@ -57,7 +57,7 @@ export function makeAuthorizeHook(
   const check = (request: FastifyRequest): { error?: Error; pending?: { guard: Guarded; token: string } } => {
     const guard = guardFor(request.method, request.routeOptions.url ?? '', overrides);
     // Unknown routes (404/405 answers), public ones and signed agent-to-agent ones need no token.
-    if (guard === undefined || guard === 'public' || guard === 'peer-signed') return {};
+    if (guard === undefined || isTokenless(guard)) return {};
     const header = request.headers.authorization;
     // The scheme name is case-insensitive (RFC 9110 §11.1); RFC 6750 allows one or more spaces.
     const match = header === undefined ? null : /^Bearer +([A-Za-z0-9._~+/-]+=*) *$/i.exec(header);

@@ -1,12 +1,13 @@
 /**
  * Which scope guards which route: the one declarative table of the API document's Endpoints
  * part. `api/authorize.ts` enforces it for every request; `buildApp` refuses to start with a
- * route missing here, so a new route cannot ship unguarded by accident.
+ * route missing here, so a new route cannot ship unguarded by accident, and writes each
+ * operation's OpenAPI `security` from it (`openApiSecurity`), so route files do not restate it.
  */
-import type { ScopeName } from '../domain/scopes.js';
+import { ADMIN, ALL_SCOPES, type Scope, type ScopeName, scope } from '../domain/scopes.js';
 
 /**
- * `public`: no token. `any-read`: any *.read scope or admin (DECISIONS §7, /metrics).
+ * `public`: no token. `any-read`: any *.read scope or admin (docs/decisions.md §7, /metrics).
  * `peer-signed`: agent-to-agent, no token; the handler checks Ed25519 signatures.
  */
 export type RouteGuard = ScopeName | 'public' | 'any-read' | 'peer-signed';
@@ -62,7 +63,7 @@ export const routeKey = (method: string, url: string): string =>
 
 /**
  * The guard of a route: its ROUTE_SCOPES entry, or public for the rendered API reference under
- * /docs, whose asset routes @fastify/swagger-ui registers (DECISIONS §7). `overrides` come from
+ * /docs, whose asset routes @fastify/swagger-ui registers (docs/decisions.md §7). `overrides` come from
  * the command line (`--metrics-public`).
  */
 export function guardFor(
@@ -74,4 +75,19 @@ export function guardFor(
   if (key in overrides) return overrides[key];
   if (key in ROUTE_SCOPES) return ROUTE_SCOPES[key];
   return url === '/docs' || url.startsWith('/docs/') ? 'public' : undefined;
+}
+
+/** The tokenless guards: no bearer token, so no OpenAPI `security`. */
+export const isTokenless = (guard: RouteGuard): guard is 'public' | 'peer-signed' =>
+  guard === 'public' || guard === 'peer-signed';
+
+/**
+ * The OpenAPI `security` of an operation with this guard: the scopes that grant it (`any-read`:
+ * every *.read scope and admin), or undefined for the routes that take no token.
+ */
+export function openApiSecurity(guard: RouteGuard): { oauth2: Scope[] }[] | undefined {
+  if (isTokenless(guard)) return undefined;
+  const scopes =
+    guard === 'any-read' ? [...ALL_SCOPES.filter((s) => s.endsWith('.read')), ADMIN] : [scope(guard)];
+  return [{ oauth2: scopes }];
 }

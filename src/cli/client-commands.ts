@@ -1,7 +1,7 @@
 /**
  * The client commands of the `mesh-agent` binary: `login`, `bootstrap`, `peers`, `services`,
  * `routes`, `credentials`, `cluster` and `status`, each mapped onto the management API
- * (../shared/spec/mesh-agent-api.md, DECISIONS §7). Tables by default, `--json` for the API's
+ * (docs/api.md, docs/decisions.md §7). Tables by default, `--json` for the API's
  * own JSON. Loaded by main.ts only when one of these commands is run. Reference: docs/cli.md.
  *
  * Exit codes: 0 ok, 1 the API answered 4xx, 2 usage error, 3 the agent cannot be reached or
@@ -13,6 +13,7 @@
  */
 import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
+import { SCOPE_PREFIX } from '../domain/scopes.js';
 import { ApiCallError, MeshClient, NotLoggedInError, UnreachableError } from './client-http.js';
 import { configDir, normalizeUrl, profilePath, resolveProfile, saveProfile } from './client-profile.js';
 import { bytes, cell, renderObject, renderTable } from './client-table.js';
@@ -21,7 +22,6 @@ import { UsageError } from './serve-options.js';
 
 export const EXIT = { OK: 0, API: 1, USAGE: 2, UNREACHABLE: 3, NOT_LOGGED_IN: 4 } as const;
 
-const SCOPE_PREFIX = 'urn:vendor:service:';
 const SECRET_WARNING =
   'mesh-agent: WARNING: the client_secret above is shown this once and cannot be retrieved again; store it now.';
 

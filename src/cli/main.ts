@@ -14,17 +14,11 @@ import { parseLicensePublicKey } from '../license/verify.js';
 import { writeFileAtomic } from '../store/key-files.js';
 import { CLIENT_COMMAND_NAMES, CLIENT_USAGE } from './client-usage.js';
 import { devBanner, prepareDevMode } from './dev-mode.js';
-import { parseServeOptions, UsageError } from './serve-options.js';
+import { parseServeOptions, SERVE_USAGE, UsageError } from './serve-options.js';
 import { restartWithV8Flags } from './v8-flags.js';
 
 const USAGE = `usage:
-  mesh-agent serve [--listen HOST:PORT] [--advertise HOST:PORT] [--data-dir DIR]
-                   [--license-public-key FILE-or-BASE64]... [--tls-cert FILE --tls-key FILE]
-                   [--public-url URL] [--dataplane on|off|auto] [--macvlan-parent IFACE]
-                   [--dev] [--metrics-public] [--log-level LEVEL] [--gossip-interval-ms MS]
-                   [--kcp KEY=N,...]   (KCP engine: mtu, interval, nodelay, resend, nc, sndwnd,
-                                        rcvwnd, minrto; docs/kcp.md)
-                   [--test-hooks]   (tests only: movable clock and gossip faults over the API)
+${SERVE_USAGE}
   mesh-agent license keygen --out DIR [--force]
   mesh-agent license sign --key FILE --customer-id C --license-id L --max-nodes N
                    --max-services M --expires-at ISO [--issued-at ISO]

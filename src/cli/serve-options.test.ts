@@ -1,9 +1,19 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { parseHostPort, parseKcpTuning, parseServeOptions, UsageError } from './serve-options.js';
+import {
+  envName,
+  parseHostPort,
+  parseKcpTuning,
+  parseServeOptions,
+  SERVE_FLAGS,
+  SERVE_USAGE,
+  type ServeFlag,
+  type ServeFlagName,
+  UsageError,
+} from './serve-options.js';
 
 describe('serve options', () => {
-  it('has the defaults of DECISIONS §1', () => {
+  it('has the defaults of docs/decisions.md §1', () => {
     const o = parseServeOptions([], {});
     assert.equal(o.listenHost, '127.0.0.1');
     assert.equal(o.listenPort, 7480);
@@ -89,6 +99,71 @@ describe('--kcp', () => {
         (err: Error) => err instanceof UsageError && err.message.includes('--kcp'),
         bad,
       );
+    }
+  });
+});
+
+describe('SERVE_FLAGS, the one table of the serve flags', () => {
+  /** A valid value of each flag (none for a switch), and the flags it needs beside it. */
+  const SAMPLES: Record<ServeFlagName, { value?: string; needs?: string[] }> = {
+    listen: { value: '127.0.0.1:9000' },
+    advertise: { value: '10.0.0.1:7480' },
+    'data-dir': { value: '/srv/mesh' },
+    'license-public-key': { value: 'AAAA' },
+    'tls-cert': { value: 'cert.pem', needs: ['--tls-key', 'key.pem'] },
+    'tls-key': { value: 'key.pem', needs: ['--tls-cert', 'cert.pem'] },
+    'public-url': { value: 'https://mesh.example:8443' },
+    dataplane: { value: 'off' },
+    'macvlan-parent': { value: 'eth1' },
+    dev: {},
+    'metrics-public': {},
+    'log-level': { value: 'debug' },
+    'gossip-interval-ms': { value: '250' },
+    kcp: { value: 'mtu=1400' },
+    'test-hooks': {},
+  };
+  const names = Object.keys(SERVE_FLAGS) as ServeFlagName[];
+
+  it('has a sample here for every flag', () => {
+    assert.deepEqual(Object.keys(SAMPLES).sort(), [...names].sort());
+  });
+
+  it('lists every flag in the help with its value, and no flag that is not in the table', () => {
+    for (const name of names) {
+      const flag: ServeFlag = SERVE_FLAGS[name];
+      const words = flag.value === undefined ? `--${name}` : `--${name} ${flag.value}`;
+      assert.ok(SERVE_USAGE.includes(words), `the help lacks ${words}`);
+    }
+    const listed = new Set(SERVE_USAGE.match(/--[a-z][a-z-]*/g));
+    assert.deepEqual([...listed].sort(), names.map((n) => `--${n}`).sort());
+  });
+
+  it('reads every flag from its MESH_ variable as from the flag itself', () => {
+    for (const name of names) {
+      const { value, needs = [] } = SAMPLES[name];
+      const fromFlag = parseServeOptions(
+        [...(value === undefined ? [`--${name}`] : [`--${name}`, value]), ...needs],
+        {},
+      );
+      const fromEnv = parseServeOptions(needs, { [envName(name)]: value ?? 'true' });
+      assert.deepEqual(fromEnv, fromFlag, envName(name));
+      // Without it, the options differ, or are refused (the other half of --tls-cert --tls-key).
+      let without: unknown;
+      try {
+        without = parseServeOptions(needs, {});
+      } catch (err) {
+        assert.ok(err instanceof UsageError, envName(name));
+        without = err;
+      }
+      assert.notDeepEqual(fromEnv, without, `${envName(name)} changes nothing`);
+    }
+  });
+
+  it('means by an unset flag what its default says', () => {
+    for (const name of names) {
+      const flag: ServeFlag = SERVE_FLAGS[name];
+      if (flag.default === undefined) continue;
+      assert.deepEqual(parseServeOptions([`--${name}`, flag.default], {}), parseServeOptions([], {}), name);
     }
   });
 });

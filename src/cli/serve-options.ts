@@ -1,8 +1,8 @@
 /**
- * `mesh-agent serve` options (DECISIONS §1): each flag also an environment variable MESH_<NAME>,
+ * `mesh-agent serve` options (docs/decisions.md §1): each flag also an environment variable MESH_<NAME>,
  * the flag winning. Pure: turns argv and env into a checked configuration or an error text.
  */
-import { parseArgs } from 'node:util';
+import { type ParseArgsConfig, parseArgs } from 'node:util';
 
 export interface ServeOptions {
   listenHost: string;
@@ -67,27 +67,103 @@ export function parseKcpTuning(text: string | undefined): KcpTuning {
   return out as KcpTuning;
 }
 
-const FLAGS = {
-  listen: { type: 'string' },
-  advertise: { type: 'string' },
-  'data-dir': { type: 'string' },
-  'license-public-key': { type: 'string', multiple: true },
-  'tls-cert': { type: 'string' },
-  'tls-key': { type: 'string' },
-  'public-url': { type: 'string' },
-  dataplane: { type: 'string' },
-  'macvlan-parent': { type: 'string' },
-  dev: { type: 'boolean' },
-  'metrics-public': { type: 'boolean' },
-  'log-level': { type: 'string' },
-  'gossip-interval-ms': { type: 'string' },
-  'test-hooks': { type: 'boolean' },
-  kcp: { type: 'string' },
-} as const;
+/** One flag of `mesh-agent serve`, as SERVE_FLAGS declares it. */
+export interface ServeFlag {
+  /** The name of its value in the help; a flag without one is a switch (on when given). */
+  readonly value?: string;
+  /** May be given more than once; its environment variable then holds a comma-separated list. */
+  readonly multiple?: true;
+  /** What an unset flag means; absent: nothing, or what the other flags make of it. */
+  readonly default?: string;
+  /** In the help, inside the brackets of the flag before it: the two go together. */
+  readonly withPrevious?: true;
+  /** In the help, after the flag in parentheses, on a line of its own; `\n` wraps it. */
+  readonly note?: string;
+}
+
+/**
+ * The flags of `mesh-agent serve`, in the order of the help: the one place a flag is declared.
+ * Parsing (parseArgs), its environment variable (envName) and the help (SERVE_USAGE) follow
+ * from here, so a flag cannot be parsed but missing from the help, or the other way round.
+ */
+export const SERVE_FLAGS = {
+  listen: { value: 'HOST:PORT', default: '127.0.0.1:7480' },
+  advertise: { value: 'HOST:PORT' },
+  'data-dir': { value: 'DIR', default: './mesh-data' },
+  'license-public-key': { value: 'FILE-or-BASE64', multiple: true },
+  'tls-cert': { value: 'FILE' },
+  'tls-key': { value: 'FILE', withPrevious: true },
+  'public-url': { value: 'URL' },
+  dataplane: { value: 'on|off|auto', default: 'auto' },
+  'macvlan-parent': { value: 'IFACE' },
+  dev: {},
+  'metrics-public': {},
+  'log-level': { value: 'LEVEL', default: 'info' },
+  'gossip-interval-ms': { value: 'MS', default: '1000' },
+  kcp: {
+    value: 'KEY=N,...',
+    note: 'KCP engine: mtu, interval, nodelay, resend, nc, sndwnd,\nrcvwnd, minrto; docs/kcp.md',
+  },
+  'test-hooks': { note: 'tests only: movable clock and gossip faults over the API' },
+} as const satisfies Record<string, ServeFlag>;
+
+export type ServeFlagName = keyof typeof SERVE_FLAGS;
+/** The flags with a default. */
+type DefaultedFlag = {
+  [K in ServeFlagName]: (typeof SERVE_FLAGS)[K] extends { default: string } ? K : never;
+}[ServeFlagName];
+
+const flagEntries = () => Object.entries(SERVE_FLAGS) as [ServeFlagName, ServeFlag][];
+
+const PARSE_OPTIONS: ParseArgsConfig['options'] = Object.fromEntries(
+  flagEntries().map(([name, flag]) => [
+    name,
+    flag.value === undefined ? { type: 'boolean' } : { type: 'string', multiple: flag.multiple === true },
+  ]),
+);
+
+/** The environment variable of a flag: `--data-dir` is MESH_DATA_DIR. */
+export const envName = (flag: string) => `MESH_${flag.toUpperCase().replace(/-/g, '_')}`;
+
+const USAGE_HEAD = '  mesh-agent serve ';
+/** Flags are added to a line of the help while it stays this wide. */
+const USAGE_WIDTH = 92;
+
+/** The `mesh-agent serve` lines of `mesh-agent help`, written from SERVE_FLAGS. */
+export const SERVE_USAGE = ((): string => {
+  const groups: { words: string[]; multiple: boolean; note?: string }[] = [];
+  for (const [name, flag] of flagEntries()) {
+    const words = flag.value === undefined ? `--${name}` : `--${name} ${flag.value}`;
+    const previous = groups[groups.length - 1];
+    if (flag.withPrevious && previous) previous.words.push(words);
+    else groups.push({ words: [words], multiple: flag.multiple === true, note: flag.note });
+  }
+  const indent = ' '.repeat(USAGE_HEAD.length);
+  const lines: string[] = [];
+  let line = '';
+  const endLine = () => {
+    if (line) lines.push(`${lines.length === 0 ? USAGE_HEAD : indent}${line}`);
+    line = '';
+  };
+  for (const group of groups) {
+    const item = `[${group.words.join(' ')}]${group.multiple ? '...' : ''}`;
+    if (group.note !== undefined) {
+      endLine();
+      const noteIndent = ' '.repeat(indent.length + item.length + '   ('.length);
+      line = `${item}   (${group.note.replace(/\n/g, `\n${noteIndent}`)})`;
+      endLine();
+    } else if (line && indent.length + line.length + 1 + item.length > USAGE_WIDTH) {
+      endLine();
+      line = item;
+    } else {
+      line = line ? `${line} ${item}` : item;
+    }
+  }
+  endLine();
+  return lines.join('\n');
+})();
 
 export class UsageError extends Error {}
-
-const envName = (flag: string) => `MESH_${flag.toUpperCase().replace(/-/g, '_')}`;
 
 /** Splits `host:port`, with IPv6 hosts in brackets; port 0 to 65535 (0 only for --listen). */
 export function parseHostPort(text: string, what: string, allowZero = false): { host: string; port: number } {
@@ -105,17 +181,19 @@ const formatHostPort = (host: string, port: number) =>
 export function parseServeOptions(argv: string[], env: NodeJS.ProcessEnv): ServeOptions {
   let values: Record<string, string | boolean | string[] | undefined>;
   try {
-    ({ values } = parseArgs({ args: argv, options: FLAGS, strict: true, allowPositionals: false }));
+    ({ values } = parseArgs({ args: argv, options: PARSE_OPTIONS, strict: true, allowPositionals: false }));
   } catch (err) {
     throw new UsageError((err as Error).message);
   }
-  const str = (flag: keyof typeof FLAGS): string | undefined => {
+  const str = (flag: ServeFlagName): string | undefined => {
     const v = values[flag];
     if (typeof v === 'string') return v;
     const e = env[envName(flag)];
     return e === undefined || e === '' ? undefined : e;
   };
-  const bool = (flag: keyof typeof FLAGS): boolean => {
+  /** A flag with a default: its value, else its variable, else the default. */
+  const orDefault = (flag: DefaultedFlag): string => str(flag) ?? SERVE_FLAGS[flag].default;
+  const bool = (flag: ServeFlagName): boolean => {
     if (values[flag] === true) return true;
     const e = env[envName(flag)];
     if (e === undefined || e === '') return false;
@@ -124,7 +202,7 @@ export function parseServeOptions(argv: string[], env: NodeJS.ProcessEnv): Serve
     throw new UsageError(`${envName(flag)} must be true or false, got ${JSON.stringify(e)}`);
   };
 
-  const listenText = str('listen') ?? '127.0.0.1:7480';
+  const listenText = orDefault('listen');
   const listen = parseHostPort(listenText, '--listen', true);
   const advertiseText = str('advertise');
   const wildcard = listen.host === '0.0.0.0' || listen.host === '::';
@@ -149,11 +227,11 @@ export function parseServeOptions(argv: string[], env: NodeJS.ProcessEnv): Serve
     throw new UsageError(`--public-url must be an http(s) URL, got ${JSON.stringify(publicUrl)}`);
   }
 
-  const dataplane = str('dataplane') ?? 'auto';
+  const dataplane = orDefault('dataplane');
   if (dataplane !== 'on' && dataplane !== 'off' && dataplane !== 'auto') {
     throw new UsageError('--dataplane must be on, off or auto');
   }
-  const intervalText = str('gossip-interval-ms') ?? '1000';
+  const intervalText = orDefault('gossip-interval-ms');
   const gossipIntervalMs = Number(intervalText);
   if (!/^\d+$/.test(intervalText) || gossipIntervalMs < 50 || gossipIntervalMs > 60_000) {
     throw new UsageError('--gossip-interval-ms must be an integer from 50 to 60000');
@@ -173,7 +251,7 @@ export function parseServeOptions(argv: string[], env: NodeJS.ProcessEnv): Serve
     listenHost: listen.host,
     listenPort: listen.port,
     advertise,
-    dataDir: str('data-dir') ?? './mesh-data',
+    dataDir: orDefault('data-dir'),
     licensePublicKeys,
     tlsCert,
     tlsKey,
@@ -182,7 +260,7 @@ export function parseServeOptions(argv: string[], env: NodeJS.ProcessEnv): Serve
     macvlanParent: str('macvlan-parent'),
     dev: bool('dev'),
     metricsPublic: bool('metrics-public'),
-    logLevel: str('log-level') ?? 'info',
+    logLevel: orDefault('log-level'),
     gossipIntervalMs,
     testHooks: bool('test-hooks'),
     kcp: parseKcpTuning(str('kcp')),

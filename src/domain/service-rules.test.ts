@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import type { ApiError } from './errors.js';
-import { checkRoute, checkService, type ServiceShape } from './service-rules.js';
+import { checkRoute, checkService, isServiceActive, type ServiceShape } from './service-rules.js';
 
 const base: ServiceShape = {
   sourcePeerId: 'a',
@@ -87,5 +87,14 @@ describe('checkRoute', () => {
       sourceCidr: null,
       destCidr: '2001:db8::/32',
     });
+  });
+});
+
+describe('isServiceActive', () => {
+  it('is true only while both the source and the target peer are active', () => {
+    assert.equal(isServiceActive(base, new Set(['a', 'b', 'c'])), true);
+    assert.equal(isServiceActive(base, new Set(['a'])), false);
+    assert.equal(isServiceActive(base, new Set(['b'])), false);
+    assert.equal(isServiceActive(base, new Set()), false);
   });
 });

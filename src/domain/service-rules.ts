@@ -1,6 +1,6 @@
 /**
  * The rules a service and its routes must satisfy (API document, Services and Routes;
- * DECISIONS §5 and §6), as pure functions that throw the documented 400 errors.
+ * docs/decisions.md §5 and §6), as pure functions that throw the documented 400 errors.
  */
 import { parseCidr } from './cidr.js';
 import { ApiError, invalidRequest } from './errors.js';
@@ -13,6 +13,17 @@ export interface ServiceShape {
   desiredIpv4Cidr: string | null;
   desiredIpv6Cidr: string | null;
   fullyTransparent: boolean;
+}
+
+/**
+ * A service is active while both of its peers are (docs/decisions.md §5): `is_active` in the
+ * API, and whether the data plane carries it.
+ */
+export function isServiceActive(
+  s: Pick<ServiceShape, 'sourcePeerId' | 'targetPeerId'>,
+  activePeerIds: ReadonlySet<string>,
+): boolean {
+  return activePeerIds.has(s.sourcePeerId) && activePeerIds.has(s.targetPeerId);
 }
 
 /** Checks a whole service as it would be stored; returns the interface CIDRs in canonical form. */

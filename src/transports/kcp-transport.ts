@@ -1,5 +1,5 @@
 /**
- * The `kcp` tunnel transport (issue 8): KCP ARQ (kcp/kcp.ts, message mode) inside authenticated,
+ * The `kcp` tunnel transport (docs/kcp.md): KCP ARQ (kcp/kcp.ts, message mode) inside authenticated,
  * encrypted datagrams (kcp/secure-datagram.ts) over ONE UDP socket per agent. The agent binds that
  * socket to the management API's port NUMBER, in UDP (the API is TCP on the same number, so there
  * is still one port to open per agent, once per protocol); a peer's UDP address is the host:port of
@@ -35,7 +35,7 @@
  * link's remote address (roaming). After a batch of input datagrams, one flush per link (in a
  * setImmediate), not one per datagram.
  *
- * Sending and pacing (issue 8 item 4): send() queues messages in the link; they enter the KCP
+ * Sending and pacing (docs/kcp.md, "Pacing"): send() queues messages in the link; they enter the KCP
  * engine only while (a) the engine's queue + flight stays within its send window and (b) a token
  * bucket allows: the bucket fills at the pacing rate = clamp(gain x the measured delivery rate,
  * minRate, maxRate), where the delivery rate is the bytes the peer acknowledged per sampling
@@ -61,7 +61,7 @@ import { isIP } from 'node:net';
 import { peerIdFromPublicKey } from '../domain/ids.js';
 import { parsePeerAddress } from '../domain/peer-address.js';
 import type { BackoffOptions } from './backoff.js';
-import { DEFAULT_KCP_PARAMS, type KcpParams, KcpSession, type KcpStats } from './kcp/kcp.js';
+import { checkKcpParams, DEFAULT_KCP_PARAMS, type KcpParams, KcpSession, type KcpStats } from './kcp/kcp.js';
 import {
   type HandshakeLimits,
   identityFromPrivateKey,
@@ -269,7 +269,7 @@ export class KcpTransport extends TunnelKeeper {
     };
     if (!(this.timing.highWaterMark >= 65_536)) throw new RangeError('highWaterMark must be at least 64 KiB');
     // Fails now on bad engine parameters rather than at the first link.
-    new KcpSession(1, () => {}, this.timing.kcp);
+    checkKcpParams(this.timing.kcp);
     this.handshakeTimeoutMs = positive(options.handshakeTimeoutMs ?? 10_000, 'handshakeTimeoutMs');
     this.handshakeRetryMs = positive(options.handshakeRetryMs ?? 1000, 'handshakeRetryMs');
     this.endpoint = new SecureEndpoint({

@@ -44,7 +44,6 @@ export function registerClusterRoutes(app: FastifyInstance, deps: AppDeps): void
       schema: {
         tags: ['cluster'],
         summary: 'The cluster credential (no secret)',
-        security: [{ oauth2: ['urn:vendor:service:admin'] }],
         response: { 200: ClusterCredentialResponse, ...errorResponses(401, 403, 404) },
       },
     },
@@ -57,7 +56,6 @@ export function registerClusterRoutes(app: FastifyInstance, deps: AppDeps): void
       schema: {
         tags: ['cluster'],
         summary: 'Rotate the cluster secret; the previous one stays valid for 24 hours',
-        security: [{ oauth2: ['urn:vendor:service:credentials.write'] }],
         response: { 200: RotatedClusterCredential, ...errorResponses(400, 401, 403, 404, 413) },
       },
     },
@@ -76,7 +74,6 @@ export function registerClusterRoutes(app: FastifyInstance, deps: AppDeps): void
       schema: {
         tags: ['cluster'],
         summary: 'Return the cluster, or with force a new cluster id that gossip carries to every peer',
-        security: [{ oauth2: ['urn:vendor:service:admin'] }],
         body: ClusterInitBody,
         response: { 200: ClusterInitResponse, ...errorResponses(400, 401, 403, 413) },
       },
@@ -100,7 +97,6 @@ export function registerClusterRoutes(app: FastifyInstance, deps: AppDeps): void
       schema: {
         tags: ['cluster'],
         summary: 'Trigger gossip heartbeats, configuration regeneration and subsystem processing now',
-        security: [{ oauth2: ['urn:vendor:service:admin'] }],
         response: { 200: SyncResponse, ...errorResponses(400, 401, 403, 413) },
       },
     },

@@ -19,7 +19,6 @@ export function registerCredentialRoutes(app: FastifyInstance, deps: AppDeps): v
       schema: {
         tags: ['credentials'],
         summary: 'List API credentials (never their secrets)',
-        security: [{ oauth2: ['urn:vendor:service:credentials.read'] }],
         response: { 200: Type.Array(CredentialListItem), ...errorResponses(401, 403) },
       },
     },
@@ -33,7 +32,6 @@ export function registerCredentialRoutes(app: FastifyInstance, deps: AppDeps): v
         tags: ['credentials'],
         summary: 'Create an API credential; its secret is shown only in this response',
         description: "Scopes no wider than the caller's token (403 otherwise); empty or absent means admin.",
-        security: [{ oauth2: ['urn:vendor:service:credentials.write'] }],
         body: CredentialCreateBody,
         response: { 201: CredentialCreated, ...errorResponses(400, 401, 403, 413, 422) },
       },
@@ -53,7 +51,6 @@ export function registerCredentialRoutes(app: FastifyInstance, deps: AppDeps): v
       schema: {
         tags: ['credentials'],
         summary: 'Revoke an API credential; its tokens stop working at once',
-        security: [{ oauth2: ['urn:vendor:service:credentials.write'] }],
         params: Type.Object({ client_id: Type.String({ maxLength: 256 }) }),
         response: { 200: Deleted, ...errorResponses(400, 401, 403, 404, 422) },
       },

@@ -1,5 +1,5 @@
 /**
- * What an operator reads beyond the API document (DECISIONS §7): Prometheus metrics and the
+ * What an operator reads beyond the API document (docs/decisions.md §7): Prometheus metrics and the
  * license with its usage against the limits.
  */
 import { Type } from '@sinclair/typebox';
@@ -18,7 +18,7 @@ export const LicenseUsage = Type.Object({
   max_nodes: Type.Integer(),
   max_services: Type.Integer(),
   nodes_used: Type.Integer({ description: 'active peers of the cluster' }),
-  services_used: Type.Integer({ description: 'services, inactive ones included (DECISIONS §5)' }),
+  services_used: Type.Integer({ description: 'services, inactive ones included (docs/decisions.md §5)' }),
   days_to_expiry: Type.Integer({ description: 'whole days left; negative once expired' }),
   expired: Type.Boolean(),
 });
@@ -31,16 +31,6 @@ export function registerOperatorRoutes(app: FastifyInstance, deps: AppDeps): voi
         tags: ['operator'],
         summary: 'Prometheus metrics',
         description: 'A token with any *.read scope or admin, unless the agent runs with --metrics-public.',
-        security: [
-          {
-            oauth2: [
-              'urn:vendor:service:peers.read',
-              'urn:vendor:service:services.read',
-              'urn:vendor:service:credentials.read',
-              'urn:vendor:service:admin',
-            ],
-          },
-        ],
         produces: ['text/plain'],
         response: {
           200: Type.String({ description: 'Prometheus text format 0.0.4' }),
@@ -60,7 +50,6 @@ export function registerOperatorRoutes(app: FastifyInstance, deps: AppDeps): voi
       schema: {
         tags: ['cluster'],
         summary: 'The license, its usage against the limits and the days to expiry',
-        security: [{ oauth2: ['urn:vendor:service:admin'] }],
         response: { 200: LicenseUsage, ...errorResponses(401, 403, 404) },
       },
     },

@@ -14,8 +14,6 @@ import {
 } from '../schemas.js';
 import { peerView } from '../views.js';
 
-const read = [{ oauth2: ['urn:vendor:service:peers.read'] }];
-const write = [{ oauth2: ['urn:vendor:service:peers.write'] }];
 const idParams = Type.Object({ id: IdParam });
 
 export function registerPeerRoutes(app: FastifyInstance, deps: AppDeps): void {
@@ -27,7 +25,6 @@ export function registerPeerRoutes(app: FastifyInstance, deps: AppDeps): void {
       schema: {
         tags: ['peers'],
         summary: 'List peers of the cluster',
-        security: read,
         querystring: Type.Object({ is_local: Type.Optional(Type.Boolean()) }),
         response: { 200: Type.Array(Peer), ...errorResponses(400, 401, 403) },
       },
@@ -46,7 +43,6 @@ export function registerPeerRoutes(app: FastifyInstance, deps: AppDeps): void {
       schema: {
         tags: ['peers'],
         summary: 'One peer',
-        security: read,
         params: idParams,
         response: { 200: Peer, ...errorResponses(400, 401, 403, 404) },
       },
@@ -65,7 +61,6 @@ export function registerPeerRoutes(app: FastifyInstance, deps: AppDeps): void {
       schema: {
         tags: ['peers'],
         summary: 'Add a peer by its address: identity check, license check, mutual Ed25519 proof',
-        security: write,
         body: PeerCreateBody,
         response: { 201: Peer, ...errorResponses(400, 401, 403, 409, 413, 422, 503) },
       },
@@ -83,7 +78,6 @@ export function registerPeerRoutes(app: FastifyInstance, deps: AppDeps): void {
       schema: {
         tags: ['peers'],
         summary: 'Rename a peer; only the fields given change',
-        security: write,
         params: idParams,
         body: PeerUpdateBody,
         response: { 200: Peer, ...errorResponses(400, 401, 403, 404, 413) },
@@ -105,7 +99,6 @@ export function registerPeerRoutes(app: FastifyInstance, deps: AppDeps): void {
       schema: {
         tags: ['peers'],
         summary: 'Leave the cluster: final for this agent; its services become inactive',
-        security: [{ oauth2: ['urn:vendor:service:admin'] }],
         response: { 200: PeerDeactivated, ...errorResponses(401, 403) },
       },
     },
@@ -122,7 +115,6 @@ export function registerPeerRoutes(app: FastifyInstance, deps: AppDeps): void {
       schema: {
         tags: ['peers'],
         summary: 'Remove a remote peer and every service that involves it',
-        security: write,
         params: idParams,
         response: { 200: Deleted, ...errorResponses(400, 401, 403, 404, 422) },
       },

@@ -3,7 +3,7 @@ import { type Static, Type } from '@sinclair/typebox';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { ServiceCreate, ServiceUpdate } from '../../cluster/service-config.js';
 import { invalidRequest } from '../../domain/errors.js';
-import type { ServiceRecord } from '../../store/records.js';
+import { isServiceActive } from '../../domain/service-rules.js';
 import type { AppDeps } from '../app.js';
 import type { ValidationCodes } from '../error-reply.js';
 import {
@@ -30,8 +30,6 @@ import {
   transparentReadinessView,
 } from '../views.js';
 
-const read = [{ oauth2: ['urn:vendor:service:services.read'] }];
-const write = [{ oauth2: ['urn:vendor:service:services.write'] }];
 const serviceParams = Type.Object({ id: IdParam });
 const routeParams = Type.Object({ service_id: IdParam, route_id: RouteIdParam });
 /**
@@ -64,8 +62,6 @@ export function registerServiceRoutes(app: FastifyInstance, deps: AppDeps): void
   // filter: a hundred services make a 40 KB body that changes only when something is written.
   const renderedLists = new Map<string, string>();
   let renderedGeneration = -1;
-  const isActive = (s: ServiceRecord, active: Set<string>) =>
-    active.has(s.sourcePeerId) && active.has(s.targetPeerId);
 
   app.get(
     '/v1/services',
@@ -73,7 +69,6 @@ export function registerServiceRoutes(app: FastifyInstance, deps: AppDeps): void
       schema: {
         tags: ['services'],
         summary: 'List services (list form), filtered by any of the query fields',
-        security: read,
         querystring: Type.Object({
           source_peer_id: Type.Optional(IdParam),
           target_peer_id: Type.Optional(IdParam),
@@ -102,7 +97,9 @@ export function registerServiceRoutes(app: FastifyInstance, deps: AppDeps): void
             targetPeerId: q.target_peer_id,
             requiresInterface: q.requires_interface,
           })
-          .map(({ service, routeCount }) => serviceListView(service, routeCount, isActive(service, active)));
+          .map(({ service, routeCount }) =>
+            serviceListView(service, routeCount, isServiceActive(service, active)),
+          );
         // The typings take only objects; the serializer of the 200 schema takes the array as it is.
         body = reply.serializeInput(list as unknown as Record<string, unknown>, '200') as string;
         if (renderedLists.size < MAX_RENDERED_LISTS) renderedLists.set(key, body);
@@ -117,17 +114,20 @@ export function registerServiceRoutes(app: FastifyInstance, deps: AppDeps): void
       schema: {
         tags: ['services'],
         summary: 'One service (single form, with its routes)',
-        security: read,
         params: serviceParams,
         response: { 200: ServiceSingle, ...errorResponses(400, 401, 403, 404) },
       },
     },
     async (request) => {
       const { service, routes } = services.get((request.params as { id: string }).id);
-      const single = serviceSingleView(service, routes, isActive(service, new Set(store.activePeerIds())));
+      const single = serviceSingleView(
+        service,
+        routes,
+        isServiceActive(service, new Set(store.activePeerIds())),
+      );
       // The extra fields exist only where a data plane runs (an agent with --dataplane off has none).
-      if (!deps.dataplaneStatus) return single;
-      const status = deps.dataplaneStatus(service.id);
+      const status = deps.dataplaneStatus?.(service.id);
+      if (!status) return single;
       return { ...single, ...transparentReadinessView(service, status), dataplane: dataplaneView(status) };
     },
   );
@@ -139,7 +139,6 @@ export function registerServiceRoutes(app: FastifyInstance, deps: AppDeps): void
       schema: {
         tags: ['services'],
         summary: 'Create a service (create form); unique per (source, target) pair',
-        security: write,
         body: ServiceCreateBody,
         response: { 201: ServiceCreated, ...errorResponses(400, 401, 403, 404, 409, 413, 422, 503) },
       },
@@ -158,7 +157,6 @@ export function registerServiceRoutes(app: FastifyInstance, deps: AppDeps): void
       schema: {
         tags: ['services'],
         summary: 'Change a service; only the fields given change; answers with the single form',
-        security: write,
         params: serviceParams,
         body: ServiceUpdateBody,
         response: { 200: ServiceSingle, ...errorResponses(400, 401, 403, 404, 413) },
@@ -171,7 +169,7 @@ export function registerServiceRoutes(app: FastifyInstance, deps: AppDeps): void
       return serviceSingleView(
         updated,
         store.routesOf(id),
-        isActive(updated, new Set(store.activePeerIds())),
+        isServiceActive(updated, new Set(store.activePeerIds())),
       );
     },
   );
@@ -182,7 +180,6 @@ export function registerServiceRoutes(app: FastifyInstance, deps: AppDeps): void
       schema: {
         tags: ['services'],
         summary: 'Delete a service and all its routes',
-        security: write,
         params: serviceParams,
         response: { 200: Deleted, ...errorResponses(400, 401, 403, 404) },
       },
@@ -201,7 +198,6 @@ export function registerServiceRoutes(app: FastifyInstance, deps: AppDeps): void
       schema: {
         tags: ['routes'],
         summary: "A service's routes",
-        security: read,
         params: Type.Object({ service_id: IdParam }),
         response: { 200: Type.Array(Route), ...errorResponses(400, 401, 403, 404) },
       },
@@ -216,7 +212,6 @@ export function registerServiceRoutes(app: FastifyInstance, deps: AppDeps): void
       schema: {
         tags: ['routes'],
         summary: 'Add routes: all of them or none',
-        security: write,
         params: Type.Object({ service_id: IdParam }),
         body: RoutesCreateBody,
         response: { 201: RoutesCreated, ...errorResponses(400, 401, 403, 404, 413) },
@@ -238,7 +233,6 @@ export function registerServiceRoutes(app: FastifyInstance, deps: AppDeps): void
       schema: {
         tags: ['routes'],
         summary: 'Change a route; only the fields given change',
-        security: write,
         params: routeParams,
         body: RouteUpdateBody,
         response: { 200: Route, ...errorResponses(400, 401, 403, 404, 413) },
@@ -259,7 +253,6 @@ export function registerServiceRoutes(app: FastifyInstance, deps: AppDeps): void
       schema: {
         tags: ['routes'],
         summary: 'Delete a route',
-        security: write,
         params: routeParams,
         response: { 200: Deleted, ...errorResponses(400, 401, 403, 404) },
       },

@@ -23,7 +23,6 @@ export function registerTestHookRoutes(app: FastifyInstance, deps: AppDeps): voi
       schema: {
         tags: ['internal'],
         summary: 'Test hook: move this agent’s clock forward',
-        security: [{ oauth2: ['urn:vendor:service:admin'] }],
         body: Type.Object({ advance_ms: Type.Integer({ minimum: 0 }) }),
         response: { 200: Type.Object({ offset_ms: Type.Integer() }), ...errorResponses(400, 401, 403) },
       },
@@ -40,7 +39,6 @@ export function registerTestHookRoutes(app: FastifyInstance, deps: AppDeps): voi
       schema: {
         tags: ['internal'],
         summary: 'Test hook: cut gossip to and from peers, or lose a share of gossip messages',
-        security: [{ oauth2: ['urn:vendor:service:admin'] }],
         body: Type.Object({
           blocked_peer_ids: Type.Array(Type.String(), { maxItems: 1000 }),
           loss: Type.Number({ minimum: 0, maximum: 1 }),

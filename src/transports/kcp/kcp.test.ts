@@ -3,6 +3,8 @@ import { createHash, randomBytes } from 'node:crypto';
 import { describe, it } from 'node:test';
 import { prng, SEED } from '../../../test/helpers/seeded-random.js';
 import {
+  checkKcpParams,
+  DEFAULT_KCP_PARAMS,
   KCP_CMD_ACK,
   KCP_CMD_PUSH,
   KCP_CMD_WASK,
@@ -354,6 +356,44 @@ describe(`KcpSession (seed ${SEED})`, { timeout: 120_000 }, () => {
       assert.equal(st.waitSnd(), 1000);
       assert.throws(() => new KcpSession(1, () => {}, { mtu: 40 }), RangeError);
       assert.throws(() => new KcpSession(2 ** 32, () => {}), RangeError);
+    });
+
+    it('checkKcpParams refuses what the constructor refuses, with its message, and fills the defaults', () => {
+      const bad: Partial<KcpParams>[] = [
+        { mtu: 40 },
+        { mtu: 1350.5 },
+        { interval: Number.NaN },
+        { resend: -1 },
+        { sndWnd: 0 },
+        { rcvWnd: 65_536 },
+        { minRtoMs: 0 },
+        { deadLink: 0 },
+        { fastLimit: 1.5 },
+        { initialSn: 2 ** 32 },
+      ];
+      for (const params of bad) {
+        const refusal = (check: () => unknown): string => {
+          try {
+            check();
+          } catch (err) {
+            assert.ok(err instanceof RangeError, JSON.stringify(params));
+            return err.message;
+          }
+          assert.fail(`${JSON.stringify(params)} was taken`);
+        };
+        assert.equal(
+          refusal(() => checkKcpParams(params)),
+          refusal(() => new KcpSession(1, () => {}, params)),
+        );
+      }
+      assert.deepEqual(checkKcpParams(), { ...DEFAULT_KCP_PARAMS, minRtoMs: 30 });
+      assert.deepEqual(checkKcpParams({ interval: 1, rcvWnd: 1, nodelay: false }), {
+        ...DEFAULT_KCP_PARAMS,
+        interval: 10,
+        rcvWnd: KCP_MAX_FRAGMENTS + 1,
+        nodelay: false,
+        minRtoMs: 100,
+      });
     });
   });
 

@@ -15,6 +15,7 @@
  *
  * API:
  * - `new KcpSession(conv, output, params?)`: both ends use the same conv and compatible params.
+ * - `checkKcpParams(params)`: the constructor's check of params, alone (RangeError when bad).
  * - `send(data)`: queues data. Message mode: one message, at most 255 fragments of `mtu - 24`
  *   bytes (RangeError above). Stream mode: bytes appended to the stream (small writes are merged).
  *   The Buffer is NOT copied (kept as views until acknowledged): do not modify it after send().
@@ -108,7 +109,7 @@ export interface KcpParams {
 /**
  * Defaults: kcptun's "fast3"-style profile (nodelay, 10 ms interval, fast resend after 2 skips, no
  * congestion window) because the transport trades bandwidth for latency under loss and does its
- * own pacing (issue 8, item 4) above this engine; windows of 1024 segments as the kcptun we are
+ * own pacing (kcp-transport.ts, docs/kcp.md "Pacing") above this engine; windows of 1024 segments as the kcptun we are
  * measured against (1024 x 1326 B per RTT: ~27 MB/s at 50 ms); mtu 1350 as kcptun, which leaves room
  * in a 1500-byte path for IP/UDP headers and the encryption layer's nonce and tag.
  */
@@ -234,6 +235,37 @@ function integerParam(name: string, value: number, min: number, max: number): nu
   return value;
 }
 
+/**
+ * Checks KCP parameters as KcpSession's constructor does (it calls this): a RangeError naming
+ * the first bad one, else every parameter with its default and the clamps applied (interval to
+ * 10..5000, rcvWnd to at least 256). Pure; callers use it to refuse bad parameters before any
+ * session exists.
+ */
+export function checkKcpParams(params: Partial<KcpParams> = {}): Readonly<Required<KcpParams>> {
+  const p: KcpParams = { ...DEFAULT_KCP_PARAMS, ...params };
+  const mtu = integerParam('mtu', p.mtu, 50, 65_535);
+  if (!Number.isFinite(p.interval)) throw new RangeError(`KCP interval must be a number, got ${p.interval}`);
+  return {
+    mtu,
+    interval: Math.min(5000, Math.max(10, Math.floor(p.interval))),
+    nodelay: p.nodelay,
+    resend: integerParam('resend', p.resend, 0, 0xffff),
+    noCongestionControl: p.noCongestionControl,
+    sndWnd: integerParam('sndWnd', p.sndWnd, 1, MAX_WND),
+    rcvWnd: Math.max(MIN_RCV_WND, integerParam('rcvWnd', p.rcvWnd, 1, MAX_WND)),
+    stream: p.stream,
+    minRtoMs: integerParam(
+      'minRtoMs',
+      p.minRtoMs ?? (p.nodelay ? RTO_NODELAY_MIN : RTO_NORMAL_MIN),
+      1,
+      RTO_MAX,
+    ),
+    deadLink: integerParam('deadLink', p.deadLink ?? 20, 1, 0xffff),
+    fastLimit: integerParam('fastLimit', p.fastLimit ?? 5, 0, 0xffff),
+    initialSn: integerParam('initialSn', p.initialSn ?? 0, 0, 0xffff_ffff),
+  };
+}
+
 export class KcpSession {
   readonly conv: number;
   /** Payload bytes per segment (mtu - 24). */
@@ -324,29 +356,22 @@ export class KcpSession {
   private pos = 0;
 
   constructor(conv: number, output: (datagram: Buffer) => void, params: Partial<KcpParams> = {}) {
-    const p: KcpParams = { ...DEFAULT_KCP_PARAMS, ...params };
     this.conv = integerParam('conv', conv, 0, 0xffff_ffff);
+    const p = checkKcpParams(params);
     this.output = output;
-    this.mtu = integerParam('mtu', p.mtu, 50, 65_535);
+    this.mtu = p.mtu;
     this.mss = this.mtu - KCP_OVERHEAD;
-    if (!Number.isFinite(p.interval))
-      throw new RangeError(`KCP interval must be a number, got ${p.interval}`);
-    this.interval = Math.min(5000, Math.max(10, Math.floor(p.interval)));
+    this.interval = p.interval;
     this.nodelay = p.nodelay;
-    this.resend = integerParam('resend', p.resend, 0, 0xffff);
+    this.resend = p.resend;
     this.nocwnd = p.noCongestionControl;
-    this.sndWnd = integerParam('sndWnd', p.sndWnd, 1, MAX_WND);
-    this.rcvWnd = Math.max(MIN_RCV_WND, integerParam('rcvWnd', p.rcvWnd, 1, MAX_WND));
+    this.sndWnd = p.sndWnd;
+    this.rcvWnd = p.rcvWnd;
     this.stream = p.stream;
-    this.minRto = integerParam(
-      'minRtoMs',
-      p.minRtoMs ?? (p.nodelay ? RTO_NODELAY_MIN : RTO_NORMAL_MIN),
-      1,
-      RTO_MAX,
-    );
-    this.deadLink = integerParam('deadLink', p.deadLink ?? 20, 1, 0xffff);
-    this.fastLimit = integerParam('fastLimit', p.fastLimit ?? 5, 0, 0xffff);
-    const isn = integerParam('initialSn', p.initialSn ?? 0, 0, 0xffff_ffff);
+    this.minRto = p.minRtoMs;
+    this.deadLink = p.deadLink;
+    this.fastLimit = p.fastLimit;
+    const isn = p.initialSn;
     this.sndUna = isn;
     this.sndNxt = isn;
     this.rcvNxt = isn;
