@@ -2,9 +2,13 @@
  * The composition root: builds every part of the agent from its configuration, starts them in
  * order and stops them in reverse. Only the CLI and tests import this file.
  *
- * Start order: data dir and keys first (everything signs or hashes with them), then the store
- * (it must be open before the API can answer), then the API. Stop order is the reverse, and the
- * API is closed first so that in-flight requests finish while the store is still open.
+ * Start order: the data dir and keys (everything signs or hashes with them); the store (the API
+ * answers from it); the API, listening; the data plane's transports (the tcp tunnels ride the
+ * API's connections, the kcp socket takes its port number, so a taken port fails before either
+ * opens); gossip; the data plane (kernel state and tunnels). Stopping runs that list backwards
+ * (`StartedParts`), for `stop()` and for a start-up that fails half way alike: kernel state
+ * goes while the store still says what it was, gossip finishes its round in flight, the tunnels
+ * close before the API waits for its connections, and the store closes last.
  */
 import { createPrivateKey, type KeyObject, randomBytes } from 'node:crypto';
 import { mkdirSync, readFileSync } from 'node:fs';
@@ -35,12 +39,13 @@ import { registerDataPlaneMetrics } from './dataplane/dataplane-metrics.js';
 import { LinuxKernel } from './dataplane/kernel/linux.js';
 import { missingRequirements } from './dataplane/requirements.js';
 import { type Clock, OffsetClock, systemClock } from './domain/clock.js';
+import { isServiceActive } from './domain/service-rules.js';
 import { generateLicenseKeyPair } from './license/sign.js';
 import { connectNetSocket, openTransparentListener } from './native/sockets.js';
 import { openTun } from './native/tun.js';
 import { loadOrCreateSecretFile, removeStaleTempFiles } from './store/key-files.js';
 import { Store } from './store/store.js';
-import { type KcpParams, KcpSession } from './transports/kcp/kcp.js';
+import { checkKcpParams, type KcpParams } from './transports/kcp/kcp.js';
 import { registerKcpMetrics } from './transports/kcp-metrics.js';
 import { KcpTransport } from './transports/kcp-transport.js';
 import { TcpTransport } from './transports/tcp.js';
@@ -138,8 +143,9 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
   );
 
   const store = new Store(join(dataDir, DATABASE_FILE));
+  const started = new StartedParts(logger);
+  started.add('store', () => store.close());
   let stopping = false;
-  let gossip: Gossip | undefined;
   try {
     const replica = new Replica(
       store,
@@ -153,7 +159,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     const clusterCredential = new ClusterCredential(store, clock, replica);
     const metrics = new ApiMetrics();
     const scheme = config.tls ? 'https' : 'http';
-    gossip = new Gossip({
+    const gossip = new Gossip({
       store,
       identity,
       replica,
@@ -169,26 +175,13 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       },
     });
     const engine = gossip;
-    const data = await buildDataPlane(config, store, identity, createPrivateKey(identityPem), scheme, logger);
+    // Built once the API listens (below): until then it is absent, as on a host without one.
+    let data: DataPlaneParts | null = null;
     registerLicenseMetrics(metrics.registry, store, clock);
-    if (data?.dataplane) registerDataPlaneMetrics(metrics.registry, data.dataplane);
-    if (data?.dataplane && data.kcp) {
-      const dataplane = data.dataplane;
-      registerKcpMetrics(metrics.registry, data.kcp, () =>
-        dataplane
-          .tunnelStates()
-          .filter((t) => t.transport === 'kcp')
-          .map((t) => t.peerId),
-      );
-    }
     const tokens = await AccessTokens.create(tokenKey, config.publicUrl, audienceFor(identity.peerId), clock);
     const health = (): HealthReport => {
       const liveReasons: string[] = [];
-      try {
-        store.db.prepare('SELECT 1').get();
-      } catch {
-        liveReasons.push('the database cannot be read');
-      }
+      if (!store.isReadable()) liveReasons.push('the database cannot be read');
       const readyReasons = stopping ? ['the agent is shutting down'] : [];
       if (replica.removedFromCluster) readyReasons.push('another agent removed this one from the cluster');
       const state = store.agentState();
@@ -224,7 +217,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
         await engine.syncNow();
         await data?.dataplane?.settle();
       },
-      dataplaneStatus: data?.dataplane ? (id) => data.dataplane!.status(id) : undefined,
+      dataplaneStatus: (id) => data?.dataplane?.status(id),
       liveness: (peerId) => engine.liveness(peerId),
       gossip: (envelope) => engine.handle(envelope),
       gossipUnreadable: () => engine.countUnreadable(),
@@ -251,10 +244,24 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     app.server.on('upgrade', (req, socket, head) => {
       if (!data?.transport?.acceptUpgrade(req, socket, head)) socket.destroy();
     });
+    started.add('api', () => app.close());
     await app.listen({ host: config.listenHost, port: config.listenPort });
+    // After the API listens: a port already taken stops the start-up before any tunnel socket
+    // is bound, and the tcp tunnels ride the API's connections (HTTP Upgrade).
+    data = await buildDataPlane(config, store, identity, createPrivateKey(identityPem), scheme, logger);
+    if (data) {
+      const parts = data;
+      started.add('tunnels', () => parts.close());
+      registerDataPlaneMetricsOf(metrics.registry, parts);
+    }
     engine.start();
-    // After the API listens: peers dial our tunnel through it.
-    await data?.start();
+    started.add('gossip', () => engine.stop());
+    if (data) {
+      const parts = data;
+      // Registered first: a start that fails half way still removes what it put in the kernel.
+      started.add('data plane', () => parts.stop());
+      await parts.start();
+    }
     if (testClock) logger.warn('test hooks are on: the clock and gossip faults can be changed over the API');
     const address = app.server.address();
     const port = typeof address === 'object' && address ? address.port : config.listenPort;
@@ -278,18 +285,55 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       async stop() {
         if (stopping) return;
         stopping = true;
-        // Kernel state and tunnels go first, while the store still answers what they were.
-        await data?.stop();
-        await engine.stop();
-        await app.close();
-        store.close();
+        await started.stopAll();
         logger.info('agent stopped');
       },
     };
   } catch (err) {
-    await gossip?.stop();
-    store.close();
+    stopping = true;
+    await started.stopAll().catch(() => {});
     throw err;
+  }
+}
+
+/**
+ * The parts that have started, in order. Stopping runs them backwards, newest first, both for
+ * `stop()` and for a start-up that fails half way, so that nothing opened is left behind.
+ */
+class StartedParts {
+  private readonly parts: { name: string; stop: () => unknown }[] = [];
+  constructor(private readonly logger: Logger) {}
+
+  add(name: string, stop: () => unknown): void {
+    this.parts.push({ name, stop });
+  }
+
+  /** Stops every part; one that fails is logged and the rest still stop. Throws the first failure. */
+  async stopAll(): Promise<void> {
+    let failure: { err: unknown } | undefined;
+    for (let part = this.parts.pop(); part; part = this.parts.pop()) {
+      try {
+        await part.stop();
+      } catch (err) {
+        this.logger.error({ err, part: part.name }, 'a part failed to stop');
+        failure ??= { err };
+      }
+    }
+    if (failure) throw failure.err;
+  }
+}
+
+function registerDataPlaneMetricsOf(registry: ApiMetrics['registry'], data: DataPlaneParts): void {
+  const dataplane = data.dataplane;
+  if (!dataplane) return;
+  registerDataPlaneMetrics(registry, dataplane);
+  if (data.kcp) {
+    registerKcpMetrics(registry, data.kcp, () =>
+      dataplane
+        .tunnelStates()
+        .filter((t) => t.transport === 'kcp')
+        .map((t) => t.peerId),
+    );
   }
 }
 
@@ -303,8 +347,12 @@ interface DataPlaneParts {
   /** Absent when its UDP socket could not be bound (kcp services then show why). */
   kcp?: KcpTransport;
   missing: string[];
+  /** Applies the services to the kernel and opens their tunnels. */
   start(): Promise<void>;
+  /** Removes what start() put in the kernel and releases the tunnels, while the store still answers. */
   stop(): Promise<void>;
+  /** Closes both transports: every tunnel and the kcp UDP socket. */
+  close(): Promise<void>;
 }
 
 /**
@@ -326,7 +374,8 @@ async function buildDataPlane(
   if (missing.length > 0) {
     if (mode === 'on') {
       logger.error({ reasons: missing }, 'the data plane cannot run (--dataplane on); /readyz lists why');
-      return { dataplane: null, transport: null, missing, start: async () => {}, stop: async () => {} };
+      const nothing = async () => {};
+      return { dataplane: null, transport: null, missing, start: nothing, stop: nothing, close: nothing };
     }
     logger.info({ reasons: missing }, 'data plane off (--dataplane auto)');
     return null;
@@ -354,9 +403,9 @@ async function buildDataPlane(
     directory,
   });
   const apiPort = Number(config.advertise.slice(config.advertise.lastIndexOf(':') + 1));
-  // --kcp's values are checked now, by the engine itself: a bad one stops the start-up with its
-  // reason instead of failing each link later.
-  new KcpSession(1, () => {}, config.kcp ?? {});
+  // --kcp's values are checked now, by the engine's own check: a bad one stops the start-up with
+  // its reason instead of failing each link later.
+  checkKcpParams(config.kcp);
   // The kcp transport's UDP socket takes the API's port number (peers know only that address).
   let kcp: KcpTransport | undefined;
   try {
@@ -398,7 +447,7 @@ async function buildDataPlane(
         id: s.id,
         sourcePeerId: s.sourcePeerId,
         targetPeerId: s.targetPeerId,
-        isActive: active.has(s.sourcePeerId) && active.has(s.targetPeerId),
+        isActive: isServiceActive(s, active),
         requiresInterface: s.requiresInterface,
         desiredIpv4Cidr: s.desiredIpv4Cidr,
         desiredIpv6Cidr: s.desiredIpv6Cidr,
@@ -426,7 +475,10 @@ async function buildDataPlane(
       await dataplane.start(view());
     },
     async stop() {
+      started = false;
       await dataplane.stop();
+    },
+    async close() {
       await transport.close();
       await kcp?.close();
     },

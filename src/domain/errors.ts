@@ -1,9 +1,10 @@
 /**
- * Every error the API can answer with, as typed values.
- *
- * One class per code of the API document's Errors table plus the codes DECISIONS §3 adds.
- * Anything in the agent that rejects a request throws one of these; `api/error-reply.ts` is the
- * only place that turns them into an HTTP status and body. Imports nothing.
+ * Every error the API can answer with, as typed values: the codes of the Errors table of
+ * docs/api.md and those docs/decisions.md §3 adds, each with its status (`ERROR_STATUS`); one
+ * `ApiError` that carries a code, and `OAuthError` for the token endpoint, which answers in
+ * RFC 6749's shape as well. Anything in the agent that rejects a request throws one of these;
+ * `api/error-reply.ts` is the only place that turns them into an HTTP status and body. Imports
+ * nothing.
  */
 
 /** Status of every code the API can return. Keep in step with docs/errors.md (a test checks). */

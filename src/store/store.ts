@@ -312,6 +312,16 @@ export class Store {
     if (this.db.open) this.db.close();
   }
 
+  /** Whether the database still answers a read of one of its tables: the agent's liveness check. */
+  isReadable(): boolean {
+    try {
+      this.stmts.state.get();
+      return true;
+    } catch {
+      return false;
+    }
+  }
+
   /**
    * Runs `fn` in one transaction: all of its writes land, or none. One that changed no row (a
    * gossip merge of records this agent already holds, which is most of them: every change
@@ -394,7 +404,7 @@ export class Store {
     } finally {
       this.snapshot = undefined;
       this.writes++;
-      // API credentials are local to the agent (DECISIONS §5): nothing for gossip to do.
+      // API credentials are local to the agent (docs/decisions.md §5): nothing for gossip to do.
       if (replicated) this.notifyWrite();
     }
   }

@@ -1,7 +1,8 @@
 /**
- * Keeps the layout of STYLE.md true: every error code is documented, every module says what it
- * is for in a header comment, and imports follow the arrows (domain imports nothing with I/O,
- * nothing imports api/ or cli/, only the store touches the SQLite binding).
+ * Keeps the layout of docs/architecture.md true: every error code is documented, every module says
+ * what it is for in a header comment, and imports follow the arrows of its module table (domain
+ * imports nothing with I/O, nothing imports api/ or cli/, only the store touches the SQLite
+ * binding and runs SQL).
  */
 import assert from 'node:assert/strict';
 import { readdirSync, readFileSync, statSync } from 'node:fs';
@@ -62,7 +63,7 @@ describe('architecture', () => {
     );
   });
 
-  it('keeps the import arrows of STYLE.md', () => {
+  it('keeps the import arrows of docs/architecture.md', () => {
     const violations: string[] = [];
     for (const file of sourceFiles(SRC)) {
       const from = topOf(file);
@@ -80,5 +81,13 @@ describe('architecture', () => {
       }
     }
     assert.deepEqual(violations, []);
+  });
+
+  it('runs SQL only in the store: nothing else reaches into its database', () => {
+    const reaching = sourceFiles(SRC)
+      .filter((file) => topOf(file) !== 'store')
+      .filter((file) => /\.db\.(prepare|exec|pragma|transaction)\(/.test(readFileSync(file, 'utf8')))
+      .map((file) => relative(ROOT, file));
+    assert.deepEqual(reaching, []);
   });
 });
