@@ -23,10 +23,11 @@ import https from 'node:https';
 import net, { type AddressInfo } from 'node:net';
 import tls from 'node:tls';
 import { fileURLToPath } from 'node:url';
-import { encodeDataFrames, FrameDecoder } from '../../src/transports/frames.js';
+import { FrameDecoder } from '../../src/transports/frames.js';
 import { StaticPeerDirectory } from '../../src/transports/static-directory.js';
 import { TcpTransport } from '../../src/transports/tcp.js';
 import { selfSignedCertificate } from '../../src/transports/tunnel-certificate.js';
+import { encodeDataFrames } from '../../test/helpers/frame-builders.js';
 import { newPeerIdentity as identity } from '../../test/helpers/peer-identity.js';
 
 const MB = Number(process.env['BENCH_MB'] ?? 256);

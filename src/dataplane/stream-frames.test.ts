@@ -3,10 +3,10 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import fc from 'fast-check';
+import { encodeData } from '../../test/helpers/frame-builders.js';
 import { KIND_PACKET } from './packet-frames.js';
 import {
   decodeStreamFrame,
-  encodeData,
   encodeDataParts,
   encodeFin,
   encodeOpen,

@@ -1,6 +1,6 @@
 /**
- * The wire format of TCP streams carried over a peer tunnel (issue 6): the tunnel messages of
- * kinds 2..8, beside packet-frames.ts's KIND_PACKET = 1. Kinds 2..8 are RESERVED for streams,
+ * The wire format of TCP streams carried over a peer tunnel (the stream path, docs/dataplane.md):
+ * the tunnel messages of kinds 2..8, beside packet-frames.ts's KIND_PACKET = 1. Kinds 2..8 are RESERVED for streams,
  * one per frame type below; the data plane hands every message of these kinds to the StreamMux
  * (streams.ts). Pure: encoders and a decoder that never throws on garbage.
  *
@@ -178,12 +178,6 @@ export function encodeDataParts(id: number, chunks: readonly Buffer[], length: n
   }
   if (left !== 0) throw new Error('DATA chunks are shorter than the length');
   return { parts, length: HEADER + length };
-}
-
-/** encodeDataParts in one buffer (tests and tools). */
-export function encodeData(id: number, chunks: readonly Buffer[], length: number): Buffer {
-  const frame = encodeDataParts(id, chunks, length);
-  return Buffer.concat(frame.parts, frame.length);
 }
 
 export function encodeWindow(id: number, credit: number): Buffer {

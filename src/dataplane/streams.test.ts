@@ -6,10 +6,10 @@ import assert from 'node:assert/strict';
 import { createHash, randomBytes } from 'node:crypto';
 import net from 'node:net';
 import { afterEach, describe, it } from 'node:test';
+import { encodeData } from '../../test/helpers/frame-builders.js';
 import { MemoryNetwork, type MemoryTransport, memoryPublicKey } from '../transports/memory.js';
 import { StaticPeerDirectory } from '../transports/static-directory.js';
 import {
-  encodeData,
   encodeFin,
   encodeOpen,
   encodeRst,

@@ -1,19 +1,19 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import fc from 'fast-check';
+import { encodeDataFrames, messageParts } from '../../test/helpers/frame-builders.js';
 import {
   ACCEPT_FRAME,
   BY_REFERENCE_BYTES,
   dataFrameChunks,
   encodeControlFrame,
-  encodeDataFrames,
   FRAME_ACCEPT,
   FRAME_DATA,
   FRAME_PING,
   FRAME_PONG,
   FrameDecoder,
 } from './frames.js';
-import { messageParts, type TunnelMessage, wholeOf } from './tunnel.js';
+import { type TunnelMessage, wholeOf } from './tunnel.js';
 
 interface Frame {
   type: number;

@@ -78,11 +78,6 @@ export function dataFrameChunks(messages: readonly TunnelMessage[]): Buffer[] {
   return chunks;
 }
 
-/** The DATA frames of `messages` in one buffer (tests and tools that write raw frames). */
-export function encodeDataFrames(messages: readonly TunnelMessage[]): Buffer {
-  return Buffer.concat(dataFrameChunks(messages));
-}
-
 export function encodeControlFrame(type: typeof FRAME_PING | typeof FRAME_PONG, payload: Buffer): Buffer {
   const out = Buffer.allocUnsafe(FRAME_HEADER_BYTES + PING_PAYLOAD_BYTES);
   out.writeUInt32BE((type << 24) | PING_PAYLOAD_BYTES, 0);

@@ -1,5 +1,5 @@
 /**
- * The Tunnel contract every transport keeps (issue 5, data plane): one authenticated, ordered
+ * The Tunnel contract every transport keeps (the data plane's, docs/dataplane.md): one authenticated, ordered
  * message pipe per pair of peers, kept up by the transport, carrying opaque messages (IP packets)
  * of at most 64 KiB. The dataplane uses only these types; transports (tcp, kcp, memory)
  * implement them, and test/compliance/tunnel-suite.ts holds every transport to the same rules.
@@ -51,12 +51,6 @@ export type TunnelMessage = Buffer | MessageParts;
 /** The message in one buffer: the message itself if whole, else a copy of its pieces. */
 export const wholeOf = (m: TunnelMessage): Buffer =>
   Buffer.isBuffer(m) ? m : Buffer.concat(m.parts, m.length);
-
-export function messageParts(parts: readonly Buffer[]): MessageParts {
-  let length = 0;
-  for (const p of parts) length += p.length;
-  return { parts, length };
-}
 
 /** The pieces of an outbound message (a whole one is its only piece). */
 export const piecesOf = (m: TunnelMessage): readonly Buffer[] => (Buffer.isBuffer(m) ? [m] : m.parts);
