@@ -1,24 +1,43 @@
 #!/usr/bin/env node
-// Runs every compiled test file (dist/**/*.test.js) with Node's test runner and its closing
-// summary. Node 20's --test takes no globs, so the files are listed here. A test that needs
-// something the machine lacks fails; nothing is skipped silently.
+// Runs the compiled tests with Node's test runner and its closing summary. The list comes from
+// the sources (src/ and test/, `*.test.ts`), so a compiled file whose source was renamed or
+// removed does not run. Node 20's --test takes no globs, so the files are listed here.
+//
+//   node scripts/run-tests.mjs [--unit] [part-of-a-file-name]
+//
+// --unit: the fast tier, no root, no network namespaces, no browsers: the unit tests beside
+// their modules (src/) and test/internals/, without `*.root.test.ts`. Without it: every test.
+// A test that needs something the machine lacks fails; nothing is skipped silently.
 import { spawnSync } from 'node:child_process';
-import { readdirSync, statSync } from 'node:fs';
+import { existsSync, readdirSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 
 function find(dir, out = []) {
   for (const name of readdirSync(dir)) {
     const path = join(dir, name);
     if (statSync(path).isDirectory()) find(path, out);
-    else if (name.endsWith('.test.js')) out.push(path);
+    else if (name.endsWith('.test.ts')) out.push(path);
   }
   return out;
 }
 
-const filter = process.argv[2];
-const files = [...find('dist/src'), ...find('dist/test')].filter((f) => !filter || f.includes(filter)).sort();
-if (files.length === 0) {
-  console.error('no test files found under dist/: run npm run build first');
+const args = process.argv.slice(2);
+const unit = args.includes('--unit');
+const filter = args.find((a) => a !== '--unit');
+const sources = unit
+  ? [...find('src'), ...find('test/internals')].filter((f) => !f.endsWith('.root.test.ts'))
+  : [...find('src'), ...find('test')];
+const files = sources
+  .map((f) => join('dist', f.replace(/\.ts$/, '.js')))
+  .filter((f) => !filter || f.includes(filter))
+  .sort();
+const unbuilt = files.filter((f) => !existsSync(f));
+if (files.length === 0 || unbuilt.length > 0) {
+  console.error(
+    files.length === 0
+      ? 'no test files match'
+      : `not compiled: ${unbuilt.join(', ')}: run npm run build first`,
+  );
   process.exit(1);
 }
 const result = spawnSync(

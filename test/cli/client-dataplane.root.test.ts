@@ -1,6 +1,6 @@
 /**
- * `mesh-agent status` and `services get` on agents whose data plane runs (issue 9 item 1: each
- * service with its state and traffic): three real agents in network namespaces
+ * `mesh-agent status` and `services get` on agents whose data plane runs (each service with its
+ * state and traffic): three real agents in network namespaces
  * (test/helpers/mesh-netns.ts; root, fails loudly without it), a service and a route made with
  * the CLI, real TCP traffic from the client namespace to the destination, and the counters the
  * CLI shows. Namespaces prefixed `mcli-`, management subnet index 61, removed in `after`.

@@ -1,5 +1,5 @@
 /**
- * `npm run demo` (scripts/demo.mjs, issue 9 item 5) end to end, as root (fails loudly without it):
+ * `npm run demo` (scripts/demo.mjs) end to end, as root (fails loudly without it):
  * run to completion, its output shows the destination's own log line of each request (the
  * client's address for the transparent service, site C's for the NAT one) and the status
  * screen; afterwards nothing is left (no `mdemo-*` namespace, no management link, no agent

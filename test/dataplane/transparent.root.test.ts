@@ -1,5 +1,5 @@
 /**
- * Fully transparent services (issue 7, docs/transparent.md) through real agents in network
+ * Fully transparent services (docs/transparent.md) through real agents in network
  * namespaces (test/helpers/netns-topology.ts): the destination's own server log says which
  * source address it saw. The destination routes the client networks back through the exit's
  * MACVLAN address, the return route docs/transparent.md tells operators to add.

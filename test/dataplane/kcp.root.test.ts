@@ -3,8 +3,8 @@
  * (test/helpers/mesh-netns.ts). Loss is random drop on the underlay (nftables `numgen random` on
  * the agents' UDP in both directions: this kernel has no netem); the outage drops all of it for
  * 5 s. Datagrams are tampered, replayed and forged from the ingress's namespace, from a socket
- * that is not the agent's. Issue 8's "Tests" list; the suite of traffic-suite.ts runs with kcp
- * services in traffic-kcp.test.ts.
+ * that is not the agent's. The rest of the data-plane suite (traffic-suite.ts) runs with kcp
+ * services in traffic-kcp.root.test.ts.
  */
 import assert from 'node:assert/strict';
 import { readFileSync, rmSync } from 'node:fs';
