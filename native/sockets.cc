@@ -15,7 +15,8 @@
  *   openTransparentListener(family 4|6, address | null, port, backlog) -> fd      throws a system error
  *   new Connect(family, address, port, localAddress | null, localPort, transparent, mark (-1: none),
  *               timeoutMs (0: none), onDone(err | null, fd))                     throws a system error
- *     onDone is called exactly once unless cancel() came first; the fd is then the caller's.
+ *     onDone is called exactly once unless cancel() came first; the fd is then the caller's. Either way
+ *     the addon lets go of onDone then, so nothing of the connect outlives it.
  *   Connect#cancel() -> boolean   closes the pending socket, onDone is not called; false when already done
  */
 #include <napi.h>
@@ -353,9 +354,17 @@ class Connect : public Napi::ObjectWrap<Connect> {
     bool pending = pending_ != nullptr && pending_->fd >= 0;
     if (pending) {
       Release();
+      DropCallback();
       Unref();
     }
     return Napi::Boolean::New(info.Env(), pending);
+  }
+
+  // The callback is a strong reference from outside the JS heap, and its closure usually holds this
+  // object (to cancel it): kept after the connect is over, it would keep both alive for good.
+  void DropCallback() {
+    onDone_.Reset();
+    context_.reset();
   }
 
   // Reports the outcome once: the fd goes to JS on success, is closed on failure.
@@ -377,7 +386,9 @@ class Connect : public Napi::ObjectWrap<Connect> {
       args[1] = env.Undefined();
     }
     Unref();
-    onDone_.MakeCallback(self, 2, args, *context_);
+    Napi::FunctionReference onDone = std::move(onDone_);
+    std::unique_ptr<Napi::AsyncContext> context = std::move(context_);
+    onDone.MakeCallback(self, 2, args, *context);
     if (env.IsExceptionPending()) {
       // A callback that throws is an uncaught exception of the process, as for Node's own callbacks.
       Napi::Error e = env.GetAndClearPendingException();
