@@ -13,7 +13,7 @@
  *   resume() / pause()            start / stop polling
  *   write(Uint8Array[]) -> n      one write() per packet, n = packets the kernel took
  *   writeBatch(buf, Uint32Array lengths, count) -> n   the same for packets laid end to end in one buffer
- *   close()                       idempotent, safe inside onBatch
+ *   close()                       idempotent, safe inside onBatch; lets go of both listeners
  *   stats() -> object
  */
 #include <napi.h>
@@ -276,6 +276,11 @@ class Tun : public Napi::ObjectWrap<Tun> {
   Napi::Value Close(const Napi::CallbackInfo& info) {
     if (fd_ >= 0) {
       Release();
+      // The listeners are strong references from outside the JS heap, and their closures hold the
+      // device that holds this object: kept, they would keep it (and its read area) alive for good.
+      // Safe inside a listener: the function running stays alive on the stack.
+      onBatch_.Reset();
+      onError_.Reset();
       Unref();
     }
     return info.Env().Undefined();

@@ -10,6 +10,7 @@ import { execFileSync } from 'node:child_process';
 import { readdirSync, readFileSync, readlinkSync } from 'node:fs';
 import { after, before, describe, it } from 'node:test';
 import { fileURLToPath } from 'node:url';
+import { queryObjects } from 'node:v8';
 import {
   checkSeqPayload,
   checksum,
@@ -22,6 +23,7 @@ import {
   udpV4,
 } from '../../test/helpers/ip-packets.js';
 import { collect, Netns, requireCommand } from '../../test/helpers/tun-netns.js';
+import { loadAddon } from './load-addon.js';
 import { openTun, type TunDevice, type TunOptions } from './tun.js';
 
 const UDP_TOOL = fileURLToPath(new URL('../../test/helpers/udp-tool.js', import.meta.url));
@@ -340,6 +342,21 @@ describe('native TUN addon (real kernel, root)', { timeout: 120_000 }, () => {
     // The name is free again.
     const again = openTun(dev.name, { netnsPath: ns.path });
     again.close();
+  });
+
+  it('a closed device is released: 200 opened and closed leave at most the last few alive', async () => {
+    const { Tun } = loadAddon<{ Tun: new (...args: never[]) => object }>('mesh_native.node');
+    const live = () => queryObjects(Tun, { format: 'count' }) as number;
+    const before = live();
+    for (let i = 0; i < 200; i++) {
+      const dev = openTun(`mtrel${i}`, { netnsPath: ns.path });
+      dev.onPackets(() => {});
+      dev.onError(() => {});
+      dev.close();
+    }
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    // Each one kept costs its 320 KiB read area, for good.
+    assert.ok(live() <= before + 3, `${live() - before} of 200 closed TUN devices still alive`);
   });
 
   it('close() inside the listener: no further batch is delivered, the device is gone', async () => {
