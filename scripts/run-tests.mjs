@@ -9,17 +9,11 @@
 // their modules (src/) and test/internals/, without `*.root.test.ts`. Without it: every test.
 // A test that needs something the machine lacks fails; nothing is skipped silently.
 import { spawnSync } from 'node:child_process';
-import { existsSync, readdirSync, statSync } from 'node:fs';
+import { existsSync } from 'node:fs';
 import { join } from 'node:path';
+import { findFiles } from './find-files.mjs';
 
-function find(dir, out = []) {
-  for (const name of readdirSync(dir)) {
-    const path = join(dir, name);
-    if (statSync(path).isDirectory()) find(path, out);
-    else if (name.endsWith('.test.ts')) out.push(path);
-  }
-  return out;
-}
+const find = (dir) => findFiles(dir, '.test.ts');
 
 const args = process.argv.slice(2);
 const unit = args.includes('--unit');

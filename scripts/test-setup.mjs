@@ -7,8 +7,8 @@
 // are missing and which tests need root, and fails. `npm run test:unit` is the tier for a
 // user without root.
 import { spawnSync } from 'node:child_process';
-import { existsSync, readdirSync, statSync } from 'node:fs';
-import { join } from 'node:path';
+import { existsSync, statSync } from 'node:fs';
+import { findFiles } from './find-files.mjs';
 
 /** Each package the tests need beyond a fresh machine, and what for. */
 const DEBIAN_PACKAGES = {
@@ -42,15 +42,6 @@ function run(command, args, env = process.env) {
   }
 }
 
-function rootTests(dir, out = []) {
-  for (const name of readdirSync(dir)) {
-    const path = join(dir, name);
-    if (statSync(path).isDirectory()) rootTests(path, out);
-    else if (name.endsWith('.root.test.ts')) out.push(path);
-  }
-  return out;
-}
-
 const missing = Object.keys(DEBIAN_PACKAGES).filter((p) => !installed(p));
 if (process.getuid?.() !== 0) {
   const packages =
@@ -59,7 +50,7 @@ if (process.getuid?.() !== 0) {
       : `these Debian packages are missing: ${missing.map((p) => `${p} (${DEBIAN_PACKAGES[p]})`).join(', ')}`;
   console.error(
     `npm test runs every test and must run as root: ${packages}; and these tests need root for ` +
-      `network namespaces, TUN devices and nftables: ${rootTests('src').concat(rootTests('test')).join(', ')}. ` +
+      `network namespaces, TUN devices and nftables: ${[...findFiles('src', '.root.test.ts'), ...findFiles('test', '.root.test.ts')].join(', ')}. ` +
       'Run it as root, which installs what is missing, or run npm run test:unit, ' +
       'the tier that needs neither root nor those packages.',
   );
