@@ -425,6 +425,26 @@ describe('DataPlane with a recording kernel: reconciling', { timeout: 60_000 }, 
     assert.equal(transport.tunnel(P1), undefined);
   });
 
+  it('a deleted service takes its counters with it; one that only stops being carried here keeps them', async () => {
+    const { dp, kernel } = plane(new MemoryNetwork(), LOCAL);
+    await dp.start(baseView());
+    // The tunnels are down: a packet read from each TUN is dropped and counted.
+    const drop = (tun: string) =>
+      kernel.tuns.get(tun)!.inject([udpV4('10.91.9.1', '10.92.0.5', 4000, 53, Buffer.alloc(10))]);
+    drop(TUN1);
+    drop(TUN2);
+    assert.deepEqual([...dp.allCounters().keys()].sort(), [S1, S2].sort());
+    assert.deepEqual([...dp.serviceDrops().keys()].sort(), [S1, S2].sort());
+
+    // S1 inactive (still in the cluster), S2 deleted.
+    dp.update(view(LOCAL, [svc(S1, LOCAL, P1, { isActive: false })], baseRoutes()));
+    await dp.settle();
+    assert.deepEqual([...dp.allCounters().keys()], [S1]);
+    assert.deepEqual([...dp.serviceDrops().keys()], [S1]);
+    assert.equal(dp.status(S1).counters.dropped, 1, 'kept while the service exists');
+    assert.equal(dp.status(S2).counters.dropped, 0);
+  });
+
   it('update()s in quick succession coalesce: the last view is applied, a view overtaken while queued never', async () => {
     const { dp, kernel } = plane(new MemoryNetwork(), LOCAL);
     await dp.start(baseView());

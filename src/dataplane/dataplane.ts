@@ -195,7 +195,10 @@ export class DataPlane {
   private view: DataPlaneView | null = null;
   private readonly slots = new SlotTable();
   private readonly carried = new Map<string, Carried>();
-  /** Per service, since the agent started: they survive a TUN being re-opened and the service leaving (metrics never go down). */
+  /**
+   * Per service carried here: they survive a TUN being re-opened and the service leaving this
+   * agent while it still exists (its metrics never go down), and go once it is deleted.
+   */
   private readonly counters = new Map<string, ServiceCounters>();
   private readonly drops = new Map<DropReason, number>();
   private readonly dropsByService = new Map<string, Map<DropReason, number>>();
@@ -627,7 +630,7 @@ export class DataPlane {
     return this.drops;
   }
 
-  /** Per-service counters of every service this agent has carried since it started. */
+  /** Per-service counters of the services this agent carried that still exist. */
   allCounters(): ReadonlyMap<string, ServiceCounters> {
     return this.counters;
   }
@@ -745,6 +748,7 @@ export class DataPlane {
       }
     }
     for (const service of next.carried) if (!this.carried.has(service.serviceId)) this.openCarried(service);
+    this.forgetDeleted(new Set(view.services.map((s) => s.id)));
     const limits = new Map(view.services.map((s) => [s.id, s.bandwidthLimitMbps ?? 0]));
     for (const c of this.carried.values()) {
       const mbps = limits.get(c.service.serviceId) ?? 0;
@@ -868,6 +872,19 @@ export class DataPlane {
     };
     tun.onPackets((packets) => this.fromTun(carried, packets));
     this.carried.set(service.serviceId, carried);
+  }
+
+  /**
+   * The counters of a service deleted from the cluster go with it, and so do their series on
+   * /metrics: without this the agent would keep every service it ever carried.
+   */
+  private forgetDeleted(existing: ReadonlySet<string>): void {
+    for (const id of [...this.counters.keys()]) {
+      if (existing.has(id) || this.carried.has(id)) continue;
+      this.counters.delete(id);
+      this.dropsByService.delete(id);
+      for (const mux of this.streams?.muxes.values() ?? []) mux.forgetService(id);
+    }
   }
 
   private closeCarried(c: Carried): void {

@@ -387,11 +387,17 @@ export class StreamMux {
     for (const s of [...peer.streams.values()]) this.reset(s, false);
   }
 
-  /** A service left this agent: its streams are reset (RST to the peer) and its counters dropped. */
+  /** A service left this agent: its streams are reset (RST to the peer). */
   closeService(serviceId: string): void {
     for (const peer of this.peers.values())
       for (const s of [...peer.streams.values()]) if (s.serviceId === serviceId) this.reset(s, true);
-    // The counters stay: they feed Prometheus counters, which must never go back.
+    // The counters stay while the service exists: they feed Prometheus counters, which must
+    // never go back. forgetService drops them once it is deleted.
+  }
+
+  /** A service deleted from the cluster: its counters go (closeService has reset its streams). */
+  forgetService(serviceId: string): void {
+    this.services.delete(serviceId);
   }
 
   stats(serviceId: string): StreamStats {
