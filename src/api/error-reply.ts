@@ -96,13 +96,19 @@ export function replyToClientError(
     socket.destroy();
     return;
   }
-  const tooLarge = err.code === 'HPE_HEADER_OVERFLOW';
-  const status = tooLarge ? '431 Request Header Fields Too Large' : '400 Bad Request';
-  const body = JSON.stringify(
-    tooLarge
-      ? { error: 'the request headers are too large', code: 'HEADERS_TOO_LARGE' }
-      : { error: 'malformed HTTP request', code: 'INVALID_REQUEST' },
-  );
+  const [status, answer] =
+    err.code === 'HPE_HEADER_OVERFLOW'
+      ? [
+          '431 Request Header Fields Too Large',
+          { error: 'the request headers are too large', code: 'HEADERS_TOO_LARGE' },
+        ]
+      : err.code === 'ERR_HTTP_REQUEST_TIMEOUT'
+        ? [
+            '408 Request Timeout',
+            { error: 'the request did not arrive whole in time', code: 'REQUEST_TIMEOUT' },
+          ]
+        : ['400 Bad Request', { error: 'malformed HTTP request', code: 'INVALID_REQUEST' }];
+  const body = JSON.stringify(answer);
   socket.end(
     `HTTP/1.1 ${status}\r\ncontent-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
   );

@@ -5,7 +5,9 @@
  * with milliseconds and Z, and the request id echoed in `x-request-id`.
  */
 import assert from 'node:assert/strict';
+import net from 'node:net';
 import { after, before, describe, it } from 'node:test';
+import { REQUEST_TIMEOUT_MS } from '../../src/api/app.js';
 import { scope } from '../../src/domain/scopes.js';
 import { AgentProcess, bootstrap } from '../helpers/agent-process.js';
 import { assertError, assertTimestamp, ISO_MS_Z } from '../helpers/api-assertions.js';
@@ -270,5 +272,29 @@ describe('health probes and HTTP rules', () => {
       ids.add(id as string);
     }
     assert.equal(ids.size, 5, 'ids differ between requests');
+  });
+
+  it('answers 408 REQUEST_TIMEOUT and closes when a request does not arrive whole in 30 s', {
+    timeout: 60_000,
+  }, async () => {
+    // Headers and the start of a body, then nothing: without a limit the connection stays for good.
+    const socket = net.connect(agent.port, '127.0.0.1');
+    const started = Date.now();
+    socket.write(
+      'POST /v1/oauth/token HTTP/1.1\r\nhost: a\r\ncontent-type: application/x-www-form-urlencoded\r\ncontent-length: 1000\r\n\r\ngrant_type=',
+    );
+    let answer = '';
+    socket.on('data', (c: Buffer) => {
+      answer += c.toString();
+    });
+    await new Promise((resolve) => socket.once('close', resolve));
+    const waited = Date.now() - started;
+    assert.ok(waited >= REQUEST_TIMEOUT_MS - 1000, `closed after ${waited} ms, before the request's time`);
+    // Node looks for stalled requests every second here (every 30 s by default).
+    assert.ok(waited < REQUEST_TIMEOUT_MS + 15_000, `closed only after ${waited} ms`);
+    assert.match(answer, /^HTTP\/1\.1 408 /);
+    assert.equal(JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4)).code, 'REQUEST_TIMEOUT');
+    // A request that arrives in time is untouched.
+    assert.equal((await agent.client.get('/livez')).status, 200);
   });
 });
