@@ -3,12 +3,13 @@
  * order and stops them in reverse. Only the CLI and tests import this file.
  *
  * Start order: the data dir and keys (everything signs or hashes with them); the store (the API
- * answers from it); the API, listening; the data plane's transports (the tcp tunnels ride the
- * API's connections, the kcp socket takes its port number, so a taken port fails before either
- * opens); gossip; the data plane (kernel state and tunnels). Stopping runs that list backwards
- * (`StartedParts`), for `stop()` and for a start-up that fails half way alike: kernel state
- * goes while the store still says what it was, gossip finishes its round in flight, the tunnels
- * close before the API waits for its connections, and the store closes last.
+ * answers from it); gossip, built (the API's sync and joins use its peer connections); the API,
+ * listening; the data plane's transports (the tcp tunnels ride the API's connections, the kcp
+ * socket takes its port number, so a taken port fails before either opens); gossip's rounds; the
+ * data plane (kernel state and tunnels). Stopping runs the parts backwards (`StartedParts`), for
+ * `stop()` and for a start-up that fails half way alike: kernel state goes while the store still
+ * says what it was, the tunnels close before the API waits for its connections, gossip finishes
+ * its round in flight, and the store closes last. /readyz says "starting" until all have started.
  */
 import { createPrivateKey, type KeyObject, randomBytes } from 'node:crypto';
 import { mkdirSync, readFileSync } from 'node:fs';
@@ -146,7 +147,10 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
   const started = new StartedParts(logger);
   started.add('store', () => store.close());
   let stopping = false;
+  let starting = true;
   try {
+    // A bad --kcp stops the start-up before anything listens (the engine's own check).
+    if (config.kcp) checkKcpParams(config.kcp);
     const replica = new Replica(
       store,
       identity.peerId,
@@ -175,6 +179,9 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       },
     });
     const engine = gossip;
+    // Registered now, started last but one: once the API listens, a sync or a join may open its
+    // peer connections before its rounds start. Stopping it before start() is safe.
+    started.add('gossip', () => engine.stop());
     // Built once the API listens (below): until then it is absent, as on a host without one.
     let data: DataPlaneParts | null = null;
     registerLicenseMetrics(metrics.registry, store, clock);
@@ -182,7 +189,11 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     const health = (): HealthReport => {
       const liveReasons: string[] = [];
       if (!store.isReadable()) liveReasons.push('the database cannot be read');
-      const readyReasons = stopping ? ['the agent is shutting down'] : [];
+      const readyReasons = stopping
+        ? ['the agent is shutting down']
+        : starting
+          ? ['the agent is starting']
+          : [];
       if (replica.removedFromCluster) readyReasons.push('another agent removed this one from the cluster');
       const state = store.agentState();
       if (state && store.peer(state.localPeerId)?.isActive === false) {
@@ -255,13 +266,13 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       registerDataPlaneMetricsOf(metrics.registry, parts);
     }
     engine.start();
-    started.add('gossip', () => engine.stop());
     if (data) {
       const parts = data;
       // Registered first: a start that fails half way still removes what it put in the kernel.
       started.add('data plane', () => parts.stop());
       await parts.start();
     }
+    starting = false;
     if (testClock) logger.warn('test hooks are on: the clock and gossip faults can be changed over the API');
     const address = app.server.address();
     const port = typeof address === 'object' && address ? address.port : config.listenPort;
@@ -403,9 +414,6 @@ async function buildDataPlane(
     directory,
   });
   const apiPort = Number(config.advertise.slice(config.advertise.lastIndexOf(':') + 1));
-  // --kcp's values are checked now, by the engine's own check: a bad one stops the start-up with
-  // its reason instead of failing each link later.
-  checkKcpParams(config.kcp);
   // The kcp transport's UDP socket takes the API's port number (peers know only that address).
   let kcp: KcpTransport | undefined;
   try {
@@ -426,15 +434,23 @@ async function buildDataPlane(
     // tcp services still cross; kcp ones show why not (plan.ts: transport not available).
     log.error({ err }, 'kcp transport: cannot bind its UDP socket; kcp services cannot be carried');
   }
-  const dataplane = new DataPlane({
-    kernel: new LinuxKernel({ openTun: (name) => openTun(name) }),
-    transports: kcp ? { tcp: transport, kcp } : { tcp: transport },
-    logger: log,
-    apiPort: config.listenPort || apiPort,
-    macvlanParent: config.macvlanParent ?? null,
-    // TCP crosses as streams (TPROXY at the ingress, re-originated at the exit).
-    sockets: { openTransparentListener, connectNetSocket },
-  });
+  let dataplane: DataPlane;
+  try {
+    dataplane = new DataPlane({
+      kernel: new LinuxKernel({ openTun: (name) => openTun(name) }),
+      transports: kcp ? { tcp: transport, kcp } : { tcp: transport },
+      logger: log,
+      apiPort: config.listenPort || apiPort,
+      macvlanParent: config.macvlanParent ?? null,
+      // TCP crosses as streams (TPROXY at the ingress, re-originated at the exit).
+      sockets: { openTransparentListener, connectNetSocket },
+    });
+  } catch (err) {
+    // Not yet the caller's to close: the sockets are.
+    await transport.close();
+    await kcp?.close();
+    throw err;
+  }
   const view = (): DataPlaneView => {
     const state = store.agentState();
     const peers = store.peers();
