@@ -89,6 +89,8 @@ export const BODY_LIMIT_BYTES = 1024 * 1024;
  */
 export const REQUEST_TIMEOUT_MS = 30_000;
 const CONNECTION_CHECK_MS = 1000;
+/** Fastify's own default: peers' gossip clients keep their connections longer than Node's 5 s. */
+const KEEP_ALIVE_TIMEOUT_MS = 72_000;
 /** Requests slower than this are logged at warn whatever their status. */
 const SLOW_REQUEST_MS = 1000;
 const ALL_METHODS = ['GET', 'POST', 'PUT', 'DELETE', 'PATCH', 'OPTIONS'] as const;
@@ -122,11 +124,17 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   };
   const app = Fastify({
     ...options,
-    serverFactory: (handler) =>
-      deps.https
+    // Fastify still reads it for its scheme (its listening origin); the server is ours.
+    ...(deps.https ? { https: deps.https } : {}),
+    serverFactory: (handler, fastifyOptions) => {
+      const server = deps.https
         ? https.createServer({ ...deps.https, ...timeouts }, handler)
-        : http.createServer(timeouts, handler),
-  }) as unknown as FastifyInstance;
+        : http.createServer(timeouts, handler);
+      // What Fastify sets on a server it makes itself: idle kept-alive connections 72 s.
+      server.keepAliveTimeout = Number(fastifyOptions.keepAliveTimeout ?? KEEP_ALIVE_TIMEOUT_MS);
+      return server;
+    },
+  } as FastifyServerOptions) as unknown as FastifyInstance;
 
   // Bodies are validated exactly as sent: no type coercion ("1" is not 1) and no stripping of
   // unknown fields (a license's extra field must break its signature, not vanish). Query

@@ -5,6 +5,7 @@
  * with milliseconds and Z, and the request id echoed in `x-request-id`.
  */
 import assert from 'node:assert/strict';
+import http from 'node:http';
 import net from 'node:net';
 import { after, before, describe, it } from 'node:test';
 import { REQUEST_TIMEOUT_MS } from '../../src/api/app.js';
@@ -272,6 +273,20 @@ describe('health probes and HTTP rules', () => {
       ids.add(id as string);
     }
     assert.equal(ids.size, 5, 'ids differ between requests');
+  });
+
+  it('keeps an idle connection 72 s: peers keep theirs to it between gossip rounds', async () => {
+    const keepAlive = new http.Agent({ keepAlive: true });
+    const headers = await new Promise<http.IncomingHttpHeaders>((resolve, reject) =>
+      http
+        .get({ host: '127.0.0.1', port: agent.port, path: '/livez', agent: keepAlive }, (res) => {
+          res.resume();
+          resolve(res.headers);
+        })
+        .on('error', reject),
+    );
+    keepAlive.destroy();
+    assert.equal(headers['keep-alive'], 'timeout=72');
   });
 
   it('answers 408 REQUEST_TIMEOUT and closes when a request does not arrive whole in 30 s', {
