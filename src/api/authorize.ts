@@ -10,7 +10,7 @@ import type { Caller } from '../auth/credentials.js';
 import { ApiError, forbidden } from '../domain/errors.js';
 import { grants, scope } from '../domain/scopes.js';
 import type { Store } from '../store/store.js';
-import { guardFor, isTokenless, type RouteGuard } from './route-scopes.js';
+import { guardFor, isTokenless, type RouteGuard, scopesGranting } from './route-scopes.js';
 
 declare module 'fastify' {
   interface FastifyRequest {
@@ -43,11 +43,7 @@ export function makeAuthorizeHook(
     if (!store.credential(verified.clientId)) {
       throw unauthorized('the access token belongs to a revoked credential', true);
     }
-    const allowed =
-      guard === 'any-read'
-        ? verified.scopes.some((s) => s.endsWith('.read') || grants([s], scope('admin')))
-        : grants(verified.scopes, scope(guard));
-    if (!allowed) {
+    if (!scopesGranting(guard).some((s) => grants(verified.scopes, s))) {
       throw forbidden(`this operation needs the scope ${guard === 'any-read' ? 'any *.read' : scope(guard)}`);
     }
     request.caller = { clientId: verified.clientId, scopes: verified.scopes };

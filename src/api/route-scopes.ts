@@ -81,13 +81,12 @@ export function guardFor(
 export const isTokenless = (guard: RouteGuard): guard is 'public' | 'peer-signed' =>
   guard === 'public' || guard === 'peer-signed';
 
-/**
- * The OpenAPI `security` of an operation with this guard: the scopes that grant it (`any-read`:
- * every *.read scope and admin), or undefined for the routes that take no token.
- */
+/** The scopes of which a token needs one for a route with this guard (`any-read`: any *.read, or admin). */
+export function scopesGranting(guard: Exclude<RouteGuard, 'public' | 'peer-signed'>): Scope[] {
+  return guard === 'any-read' ? [...ALL_SCOPES.filter((s) => s.endsWith('.read')), ADMIN] : [scope(guard)];
+}
+
+/** The OpenAPI `security` of an operation with this guard, or undefined for the routes that take no token. */
 export function openApiSecurity(guard: RouteGuard): { oauth2: Scope[] }[] | undefined {
-  if (isTokenless(guard)) return undefined;
-  const scopes =
-    guard === 'any-read' ? [...ALL_SCOPES.filter((s) => s.endsWith('.read')), ADMIN] : [scope(guard)];
-  return [{ oauth2: scopes }];
+  return isTokenless(guard) ? undefined : [{ oauth2: scopesGranting(guard) }];
 }

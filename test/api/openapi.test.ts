@@ -7,6 +7,7 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { after, before, describe, it } from 'node:test';
 import { Validator } from '@seriousme/openapi-schema-validator';
+import { SCOPE_NAMES, type ScopeName, scope } from '../../src/domain/scopes.js';
 import { AgentProcess, bootstrap } from '../helpers/agent-process.js';
 import { makeVendor } from '../helpers/licenses.js';
 
@@ -49,15 +50,35 @@ describe('OpenAPI document', () => {
     assert.deepEqual(problems, []);
   });
 
-  it('declares how each operation authenticates', () => {
-    for (const [path, ops] of Object.entries(
-      doc.paths as Record<string, Record<string, { security?: unknown[] }>>,
-    )) {
-      for (const [method, op] of Object.entries(ops)) {
-        if (op.security === undefined) continue;
-        assert.ok(Array.isArray(op.security) && op.security.length === 1, `${method} ${path}`);
-      }
+  it('declares how each operation authenticates, as the hand-written scope table says', () => {
+    const expected: Record<string, string> = JSON.parse(
+      readFileSync(new URL('../../../test/fixtures/route-scopes.json', import.meta.url), 'utf8'),
+    );
+    const reads = [...SCOPE_NAMES.filter((n) => n.endsWith('.read')), 'admin' as const]
+      .map((n) => scope(n))
+      .sort();
+    const problems: string[] = [];
+    let checked = 0;
+    for (const [key, guard] of Object.entries(expected)) {
+      if (key === '$comment') continue;
+      const [method, route] = key.split(' ') as [string, string];
+      const op = (doc.paths as Record<string, Record<string, { security?: { oauth2: string[] }[] }>>)[
+        route.replace(/:(\w+)/g, '{$1}')
+      ]?.[method.toLowerCase()];
+      if (!op) continue; // documented or not: openapi's other checks
+      checked++;
+      const want =
+        guard === 'public' || guard === 'peer-signed'
+          ? undefined
+          : guard === 'any-read'
+            ? reads
+            : [scope(guard as ScopeName)];
+      const got = op.security?.map((s) => [...s.oauth2].sort());
+      if (JSON.stringify(got) !== JSON.stringify(want && [want]))
+        problems.push(`${key}: ${JSON.stringify(got)}`);
     }
+    assert.ok(checked >= 30, `only ${checked} operations compared`);
+    assert.deepEqual(problems, []);
     assert.equal(doc.components.securitySchemes.oauth2.type, 'oauth2');
   });
 });
