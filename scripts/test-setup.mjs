@@ -10,8 +10,13 @@ import { spawnSync } from 'node:child_process';
 import { existsSync, statSync } from 'node:fs';
 import { findFiles } from './find-files.mjs';
 
-/** Each package the tests need beyond a fresh machine, and what for. */
+/** Each package the tests need, and what for; a fresh machine has the first five already. */
 const DEBIAN_PACKAGES = {
+  'g++': 'building the native addons and better-sqlite3 (npm ci)',
+  make: 'building the native addons and better-sqlite3 (npm ci)',
+  python3: 'node-gyp, which builds them',
+  iproute2: 'ip: network namespaces, links, rules and routes',
+  openssl: 'reading the tunnel certificate in a unit test',
   nftables: 'the data plane’s own table',
   tcpdump: 'underlay captures',
   curl: 'a client through the mesh',

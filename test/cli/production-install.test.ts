@@ -68,8 +68,12 @@ describe('an install without dev dependencies', { timeout: 240_000 }, () => {
 
   const dir = mkdtempSync(join(tmpdir(), 'mesh-omit-dev-'));
   let agent: ReturnType<typeof spawn> | undefined;
-  after(() => {
-    agent?.kill('SIGKILL');
+  after(async () => {
+    if (agent && agent.exitCode === null) {
+      const exited = new Promise((resolve) => agent!.once('exit', resolve));
+      agent.kill('SIGTERM');
+      await exited;
+    }
     rmSync(dir, { recursive: true, force: true });
   });
 
@@ -110,6 +114,9 @@ describe('an install without dev dependencies', { timeout: 240_000 }, () => {
         'dist/src/cli/main.js',
         'serve',
         '--dev',
+        // Under npm test (root), auto would run a data plane in the host's own namespace.
+        '--dataplane',
+        'off',
         '--data-dir',
         join(dir, 'data'),
         '--listen',
