@@ -35,6 +35,12 @@ export interface StartOptions {
    * agent without the right to change sysctls; its namespace's settings stay readable).
    */
   readOnlySysctls?: boolean;
+  /**
+   * Node's own options, placed before the agent's script (`node NODE_ARGS main.js serve ...`), e.g.
+   * `--expose-gc` or `--import MODULE` (the soak bench's probe). They are in the agent's
+   * process.execArgv, so its restart in place with its V8 flags keeps them.
+   */
+  nodeArgs?: string[];
 }
 
 export class AgentProcess {
@@ -53,6 +59,7 @@ export class AgentProcess {
     private readonly netns?: string,
     private readonly apiHost = '127.0.0.1',
     private readonly readOnlySysctls = false,
+    private readonly nodeArgs: readonly string[] = [],
   ) {
     this.client = new ApiClient(this.url);
   }
@@ -79,6 +86,7 @@ export class AgentProcess {
       opts.netns,
       opts.apiHost,
       opts.readOnlySysctls ?? false,
+      opts.nodeArgs ?? [],
     );
     await agent.launch(opts.readyTimeoutMs ?? 20_000);
     return agent;
@@ -108,10 +116,11 @@ export class AgentProcess {
           this.netns,
           ...(this.readOnlySysctls ? readOnly : []),
           process.execPath,
+          ...this.nodeArgs,
           MAIN_JS,
           ...this.args,
         ]
-      : [process.execPath, MAIN_JS, ...this.args];
+      : [process.execPath, ...this.nodeArgs, MAIN_JS, ...this.args];
     this.proc = spawn(command!, argv, {
       env: { ...process.env, ...this.env },
       stdio: ['ignore', 'pipe', 'pipe'],
