@@ -170,8 +170,8 @@ export function encodeDataParts(id: number, chunks: readonly Buffer[], length: n
     throw new Error(`bad DATA length ${length}`);
   const parts = [header(KIND_STREAM_DATA, id, 0)];
   let left = length;
-  for (const chunk of chunks) {
-    if (left === 0) break;
+  for (let i = 0; i < chunks.length && left > 0; i++) {
+    const chunk = chunks[i]!;
     const piece = chunk.length <= left ? chunk : chunk.subarray(0, left);
     parts.push(piece);
     left -= piece.length;
@@ -209,9 +209,14 @@ const malformed = (reason: string): DecodedStreamFrame => ({ kind: 'malformed', 
  */
 export function decodeStreamFrame(received: TunnelMessage): DecodedStreamFrame {
   if (!Buffer.isBuffer(received)) {
-    const [head, ...rest] = received.parts;
+    const pieces = received.parts;
+    const head = pieces[0];
     if (head && head.length >= HEADER && head[0] === KIND_STREAM_DATA && received.length > HEADER) {
-      const parts = head.length > HEADER ? [head.subarray(HEADER), ...rest] : rest;
+      // Indexed, not spread: this runs for every DATA frame that arrived in pieces.
+      const skip = head.length > HEADER ? 0 : 1;
+      const parts: Buffer[] = new Array(pieces.length - skip);
+      if (skip === 0) parts[0] = head.subarray(HEADER);
+      for (let i = 1; i < pieces.length; i++) parts[i - skip] = pieces[i]!;
       const payload = { parts, length: received.length - HEADER };
       return { kind: 'data', id: head.readUInt32BE(1), payload };
     }

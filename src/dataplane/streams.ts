@@ -31,7 +31,7 @@
  * DATA is answered with RST so that a sender that missed the end stops), and are counted.
  */
 import type { Socket } from 'node:net';
-import { piecesOf, type TunnelMessage, writePieces } from '../transports/tunnel.js';
+import { type TunnelMessage, writeMessage } from '../transports/tunnel.js';
 import {
   decodeStreamFrame,
   encodeDataParts,
@@ -53,8 +53,11 @@ export type { OpenFailReason, StreamEnds } from './stream-frames.js';
 
 /** How the mux reaches a peer: the data plane passes the tunnel transport. */
 export interface StreamLink {
-  /** Queues the messages in order; false: above the high-water mark, wait for onDrain(peerId). */
-  send(peerId: string, messages: TunnelMessage[]): boolean;
+  /**
+   * Queues the messages in order; false: above the high-water mark, wait for onDrain(peerId).
+   * Keeps the messages, not the array: the mux empties and reuses it once send returns.
+   */
+  send(peerId: string, messages: readonly TunnelMessage[]): boolean;
   /**
    * The tunnel's round-trip time to the peer (Tunnel.stats().lastRttMs), for growing the
    * windows of fast streams; without it (or null/0) every stream keeps initialWindow.
@@ -147,7 +150,11 @@ interface PeerState {
   /** link.send() returned false; reading sockets stay paused until onDrain. */
   blocked: boolean;
   outbox: TunnelMessage[];
+  /** The array the previous flush sent, emptied: the next outbox (two arrays in turn, not one per turn). */
+  spare: TunnelMessage[];
   flushScheduled: boolean;
+  /** flush() for this peer, made once rather than a closure per turn. */
+  readonly flushLater: () => void;
 }
 
 class Stream {
@@ -382,7 +389,7 @@ export class StreamMux {
     const peer = this.peers.get(peerId);
     if (!peer) return;
     // Nothing reaches the peer any more; it resets its side when it sees the tunnel down.
-    peer.outbox = [];
+    peer.outbox.length = 0;
     peer.blocked = false;
     for (const s of [...peer.streams.values()]) this.reset(s, false);
   }
@@ -614,7 +621,7 @@ export class StreamMux {
     s.allowance -= payload.length;
     if (s.role === 'ingress') s.counters.bytesDown += payload.length;
     else s.counters.bytesUp += payload.length;
-    if (writePieces(socket, piecesOf(payload))) {
+    if (writeMessage(socket, payload)) {
       s.toGrant += payload.length;
       this.grant(s);
     } else s.unacked += payload.length;
@@ -690,15 +697,18 @@ export class StreamMux {
     let peer = this.peers.get(peerId);
     if (!peer) {
       const firstId = this.localPeerId < peerId ? 1 : 2;
-      peer = {
+      const created: PeerState = {
         id: peerId,
         streams: new Map(),
         firstId,
         nextId: firstId,
         blocked: false,
         outbox: [],
+        spare: [],
         flushScheduled: false,
+        flushLater: () => this.flush(created),
       };
+      peer = created;
       this.peers.set(peerId, peer);
     }
     return peer;
@@ -736,15 +746,19 @@ export class StreamMux {
     peer.outbox.push(frame);
     if (peer.flushScheduled) return;
     peer.flushScheduled = true;
-    setImmediate(() => this.flush(peer));
+    setImmediate(peer.flushLater);
   }
 
   private flush(peer: PeerState): void {
     peer.flushScheduled = false;
     if (peer.outbox.length === 0) return;
     const batch = peer.outbox;
-    peer.outbox = [];
-    if (this.link.send(peer.id, batch) || peer.blocked) return;
+    peer.outbox = peer.spare;
+    // send() keeps the messages, not the array (TunnelTransport.send).
+    const below = this.link.send(peer.id, batch);
+    batch.length = 0;
+    peer.spare = batch;
+    if (below || peer.blocked) return;
     peer.blocked = true;
     for (const s of peer.streams.values()) this.updateFlow(s);
   }

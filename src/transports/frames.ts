@@ -18,7 +18,7 @@
  * every byte, so frames carry no checksum or sequence number; the version is that of the HTTP
  * Upgrade token (`mesh-tunnel/1`).
  */
-import { MAX_MESSAGE_BYTES, piecesOf, type TunnelMessage } from './tunnel.js';
+import { MAX_MESSAGE_BYTES, type TunnelMessage } from './tunnel.js';
 
 export const FRAME_HEADER_BYTES = 4;
 export const FRAME_DATA = 1;
@@ -42,6 +42,9 @@ export const BY_REFERENCE_BYTES = 8192;
  */
 const MAX_VIEW_PIECES = 8;
 
+/** The bytes of a piece dataFrameChunks copies (a short one), or 0 (written by reference). */
+const copiedBytes = (piece: Buffer): number => (piece.length < BY_REFERENCE_BYTES ? piece.length : 0);
+
 /**
  * The bytes of DATA frames for `messages`, as few chunks as possible for one corked write: the
  * frame headers and short pieces coalesced into fresh chunks, long pieces as they are (TLS
@@ -50,31 +53,35 @@ const MAX_VIEW_PIECES = 8;
  */
 export function dataFrameChunks(messages: readonly TunnelMessage[]): Buffer[] {
   let copied = 0;
-  for (const m of messages) {
+  for (let i = 0; i < messages.length; i++) {
+    const m = messages[i]!;
     copied += FRAME_HEADER_BYTES;
-    for (const p of piecesOf(m)) if (p.length < BY_REFERENCE_BYTES) copied += p.length;
+    if (Buffer.isBuffer(m)) copied += copiedBytes(m);
+    else for (let j = 0; j < m.parts.length; j++) copied += copiedBytes(m.parts[j]!);
   }
+  // Indexed loops and no per-message arrays: this runs for every batch a tunnel sends, and an
+  // iterator or array made per message is garbage made per relayed chunk.
   const chunks: Buffer[] = [];
-  let out = Buffer.allocUnsafe(copied);
+  const out = Buffer.allocUnsafe(copied);
+  let start = 0;
   let at = 0;
-  const flush = () => {
-    if (at === 0) return;
-    chunks.push(out.subarray(0, at));
-    out = out.subarray(at);
-    at = 0;
+  const piece = (p: Buffer) => {
+    if (p.length < BY_REFERENCE_BYTES) {
+      at += p.copy(out, at);
+      return;
+    }
+    if (at > start) chunks.push(out.subarray(start, at));
+    start = at;
+    chunks.push(p);
   };
-  for (const m of messages) {
+  for (let i = 0; i < messages.length; i++) {
+    const m = messages[i]!;
     out.writeUInt32BE((FRAME_DATA << 24) | m.length, at);
     at += FRAME_HEADER_BYTES;
-    for (const p of piecesOf(m)) {
-      if (p.length < BY_REFERENCE_BYTES) at += p.copy(out, at);
-      else {
-        flush();
-        chunks.push(p);
-      }
-    }
+    if (Buffer.isBuffer(m)) piece(m);
+    else for (let j = 0; j < m.parts.length; j++) piece(m.parts[j]!);
   }
-  flush();
+  if (at > start) chunks.push(start === 0 && at === out.length ? out : out.subarray(start, at));
   return chunks;
 }
 

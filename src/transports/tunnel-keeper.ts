@@ -415,7 +415,8 @@ class KeptTunnel implements Tunnel {
     }
     let batch = messages;
     let bytes = 0;
-    for (const m of messages) {
+    for (let i = 0; i < messages.length; i++) {
+      const m = messages[i]!;
       if (m.length > MAX_MESSAGE_BYTES) {
         batch = messages.filter((x) => x.length <= MAX_MESSAGE_BYTES);
         this.counters.dropped += messages.length - batch.length;

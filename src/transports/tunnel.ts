@@ -52,8 +52,9 @@ export type TunnelMessage = Buffer | MessageParts;
 export const wholeOf = (m: TunnelMessage): Buffer =>
   Buffer.isBuffer(m) ? m : Buffer.concat(m.parts, m.length);
 
-/** The pieces of an outbound message (a whole one is its only piece). */
-export const piecesOf = (m: TunnelMessage): readonly Buffer[] => (Buffer.isBuffer(m) ? [m] : m.parts);
+/** Writes a message, whole or in pieces, to a stream (writePieces); returns the stream's verdict. */
+export const writeMessage = (stream: Writable, m: TunnelMessage): boolean =>
+  Buffer.isBuffer(m) ? stream.write(m) : writePieces(stream, m.parts);
 
 /**
  * Writes pieces back to back in one corked write: one writev, so for a TLS socket one SSL_write
@@ -64,7 +65,7 @@ export function writePieces(stream: Writable, pieces: readonly Buffer[]): boolea
   if (pieces.length === 1) return stream.write(pieces[0]!);
   stream.cork();
   let below = true;
-  for (const p of pieces) below = stream.write(p);
+  for (let i = 0; i < pieces.length; i++) below = stream.write(pieces[i]!);
   stream.uncork();
   return below;
 }
@@ -80,7 +81,8 @@ export interface Tunnel {
    * should pause its input until the transport's `drain` event for this peer (the messages of
    * this call are queued all the same). While not up, messages are dropped and counted (they are
    * IP packets; the protocols inside recover) and send returns true, as there is nothing to wait
-   * for. A message over 64 KiB is dropped and counted too.
+   * for. A message over 64 KiB is dropped and counted too. The array itself is not kept: the
+   * caller may empty and reuse it once send returns.
    */
   send(messages: readonly TunnelMessage[]): boolean;
   stats(): TunnelStats;

@@ -41,6 +41,8 @@ export interface StartOptions {
    * process.execArgv, so its restart in place with its V8 flags keeps them.
    */
   nodeArgs?: string[];
+  /** The agent's script (default: this build's dist/src/cli/main.js), e.g. another build's for an A/B bench. */
+  mainJs?: string;
 }
 
 export class AgentProcess {
@@ -60,6 +62,7 @@ export class AgentProcess {
     private readonly apiHost = '127.0.0.1',
     private readonly readOnlySysctls = false,
     private readonly nodeArgs: readonly string[] = [],
+    private readonly mainJs = MAIN_JS,
   ) {
     this.client = new ApiClient(this.url);
   }
@@ -87,6 +90,7 @@ export class AgentProcess {
       opts.apiHost,
       opts.readOnlySysctls ?? false,
       opts.nodeArgs ?? [],
+      opts.mainJs,
     );
     await agent.launch(opts.readyTimeoutMs ?? 20_000);
     return agent;
@@ -117,10 +121,10 @@ export class AgentProcess {
           ...(this.readOnlySysctls ? readOnly : []),
           process.execPath,
           ...this.nodeArgs,
-          MAIN_JS,
+          this.mainJs,
           ...this.args,
         ]
-      : [process.execPath, ...this.nodeArgs, MAIN_JS, ...this.args];
+      : [process.execPath, ...this.nodeArgs, this.mainJs, ...this.args];
     this.proc = spawn(command!, argv, {
       env: { ...process.env, ...this.env },
       stdio: ['ignore', 'pipe', 'pipe'],
