@@ -68,6 +68,10 @@
  * mesh-kcp (the ingress agent's UDP DNATed to a proxy in ingress: see meshDelayUp). The `mesh`
  * (tcp transport) path is NOT delayed: the proxy is UDP only and there is no netem here. Each mesh
  * path's RTT is checked by ping through it (pathChecks in the JSON) and mesh-kcp's by its KCP RTT.
+ * A/B against another build: MESH_BASELINE=DIR (a checkout with dist/ and build/Release/ built)
+ * adds path `mesh-base`, the `mesh` service between agents of that build (the agents are
+ * restarted whenever the next path needs the other build). MESH_NODE_ARGS="..." gives this
+ * build's agents Node options of their own (e.g. --initial-old-space-size=32).
  */
 import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
@@ -102,6 +106,10 @@ const S = {
   latN: int(env['LAT_N'], 2000),
   /** Which figures to take (a subset of tcp1 tcp4 udp cps lat). */
   figures: (env['FIGURES'] || 'tcp1 tcp4 udp cps lat').split(/\s+/).filter(Boolean),
+  /** A checkout of another build of the agent (built: dist/, build/Release/), measured as path `mesh-base`. */
+  baseline: env['MESH_BASELINE'] ? resolve(env['MESH_BASELINE']) : undefined,
+  /** Node options for this build's agents (not mesh-base's), e.g. another --initial-old-space-size. */
+  nodeArgs: (env['MESH_NODE_ARGS'] || '').split(/\s+/).filter(Boolean),
 };
 const ANCHORS = join(S.shared, 'bench-anchors');
 const TAG = S.prefix.replace(/[^a-zA-Z0-9]/g, '').slice(0, 8) || 'mdb';
@@ -212,8 +220,10 @@ interface Proc {
  * The agent's paths: `mesh` (NAT exit), `mesh-mv` (MACVLAN exit), `mesh-tp` (fully transparent),
  * `mesh-kcp` (the same service as `mesh` with transport_type kcp).
  */
-const MESH_PATHS = ['mesh', 'mesh-mv', 'mesh-tp', 'mesh-kcp'];
+const MESH_PATHS = ['mesh', 'mesh-mv', 'mesh-tp', 'mesh-kcp', 'mesh-base'];
 const isMeshPath = (path: string): boolean => MESH_PATHS.includes(path);
+/** Which build's agents a mesh path runs on: `mesh-base` on MESH_BASELINE's, the others on this one's. */
+const buildOf = (path: string): string => (path === 'mesh-base' ? S.baseline! : REPO_ROOT);
 
 /** A path's tunnel processes: the agents, this bench's relays, or the daemons paths.sh started (its pids file: "tag pid" lines). */
 function tunnelProcs(path: string): Proc[] {
@@ -598,6 +608,8 @@ async function ab(file: string, host: string, port: number): Promise<Figure> {
 
 let ingress: Node | undefined;
 let exit: Node | undefined;
+/** The checkout the running agents come from. */
+let agentsBuild = REPO_ROOT;
 let serviceId: string | undefined;
 const agentDirs: string[] = [];
 
@@ -618,7 +630,8 @@ async function mgmtUp(): Promise<void> {
   }
 }
 
-async function startAgents(): Promise<void> {
+async function startAgents(build = REPO_ROOT): Promise<void> {
+  agentsBuild = build;
   const vendor = makeVendor();
   const license = { max_nodes: 5, max_services: 10 };
   const start = async (ns: string, mgmtIp: string, advertise: string, extra: string[] = []) => {
@@ -633,6 +646,8 @@ async function startAgents(): Promise<void> {
       apiHost: mgmtIp,
       extraArgs: ['--advertise', `${advertise}:${API_PORT}`, '--dataplane', 'on', ...extra],
       env: S.perf ? { NODE_OPTIONS: '--perf-basic-prof-only-functions' } : {},
+      mainJs: join(build, 'dist/src/cli/main.js'),
+      nodeArgs: build === REPO_ROOT ? S.nodeArgs : [],
     });
     return bootstrapNode(agent, vendor, license);
   };
@@ -644,6 +659,21 @@ async function startAgents(): Promise<void> {
     json: { address: `${IP.exitUl}:${API_PORT}` },
   });
   if (res.status !== 201) throw new Error(`join failed: ${res.status} ${res.text}`);
+}
+
+/** Stops both agents, keeping their logs in the raw directory (named after their build). */
+async function stopAgents(): Promise<void> {
+  const tag = agentsBuild === REPO_ROOT ? 'current' : 'baseline';
+  for (const [name, n] of [
+    ['ingress', ingress],
+    ['exit', exit],
+  ] as const) {
+    if (!n) continue;
+    await n.agent.stop('SIGTERM', 10_000);
+    writeFileSync(join(RAW, `agent-${name}-${tag}.log`), n.agent.logs);
+  }
+  ingress = undefined;
+  exit = undefined;
 }
 
 interface MeshCounters {
@@ -757,7 +787,7 @@ async function meshUp(path: string): Promise<void> {
   const a = ingress!;
   const b = exit!;
   const exitMode =
-    path === 'mesh' || path === 'mesh-kcp'
+    path === 'mesh' || path === 'mesh-kcp' || path === 'mesh-base'
       ? {}
       : {
           requires_interface: true,
@@ -1234,8 +1264,9 @@ function summary(): string {
       '',
       "Mesh ratios to each anchor (per rep, same rep; median [min-max]). CPU columns: the anchor's CPU per GB (per 1k conn) over the mesh's, > 1 = the mesh is cheaper.",
       '',
-      '| mesh x | TCP 1 | TCP 4 | UDP | conn/s | CPU TCP 1 | CPU TCP 4 | CPU UDP | CPU conn |',
-      '|---|---|---|---|---|---|---|---|---|',
+      // One column per METRICS entry, in its order, for the value and then for the CPU ratio.
+      '| mesh x | TCP 1 | TCP 4 | UDP | conn/s | latency | CPU TCP 1 | CPU TCP 4 | CPU UDP | CPU conn | CPU latency |',
+      '|---|---|---|---|---|---|---|---|---|---|---|',
     );
     for (const p of paths.filter((x) => x !== 'mesh')) {
       const v = METRICS.map((m) => cell(ratios('mesh', p, m, 'value')));
@@ -1476,6 +1507,7 @@ async function main(): Promise<void> {
     if ((await run('sh', ['-c', `command -v ${b}`])).code !== 0)
       throw new Error(`missing ${b}: run ${join(ANCHORS, 'install-deps.sh')}`);
   }
+  if (S.paths.includes('mesh-base') && !S.baseline) throw new Error('path mesh-base needs MESH_BASELINE');
   for (const p of S.paths)
     if (
       !['direct', 'wg', 'stunnel', 'socat', 'nodetls', 'kcp-aes-w', 'kcp-none-w', ...MESH_PATHS].includes(p)
@@ -1512,6 +1544,11 @@ async function main(): Promise<void> {
         await ensureServices();
         currentPath = path;
         try {
+          if (isMeshPath(path) && buildOf(path) !== agentsBuild) {
+            await stopAgents();
+            await startAgents(buildOf(path));
+            log(`agents of ${agentsBuild} up: ingress ${ingress!.peerId}, exit ${exit!.peerId}`);
+          }
           if (isMeshPath(path)) await meshUp(path);
           else {
             if ((await meshRules()) !== 0) throw new Error('mesh rules present while measuring an anchor');

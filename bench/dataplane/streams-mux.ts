@@ -12,6 +12,7 @@
  *   connect() -> destination: the mux's own cost (framing, credit, one copy per DATA frame);
  * - mux/tcp: the same over TcpTransport (HTTP upgrade, TLS 1.3 AES-128-GCM), as the agent runs.
  * Each figure is the median of BENCH_ROUNDS (3) rounds, with this process's CPU time per MB.
+ * BENCH_VARIANTS picks the figures ("relay mux/memory mux/tcp"); without relay there is no ratio.
  * Output: a table on stdout and JSON in bench/results/streams-mux-<timestamp>.json.
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
@@ -30,6 +31,10 @@ const ROUNDS = Number(process.env['BENCH_ROUNDS'] ?? 3);
 const STREAMS = Number(process.env['BENCH_STREAMS'] ?? 4);
 /** The muxes' initialWindow (default: the mux's own, 256 KiB; it grows with the RTT the tunnel reports). */
 const WINDOW = process.env['BENCH_WINDOW'] ? Number(process.env['BENCH_WINDOW']) : undefined;
+/** Which figures to take (default all three; e.g. "mux/tcp" alone under a heap profiler). */
+const VARIANTS = (process.env['BENCH_VARIANTS'] || 'relay mux/memory mux/tcp')
+  .split(/\s+/)
+  .filter(Boolean) as Variant[];
 const TOTAL = MB * 1_000_000;
 const SERVICE = '5e5e5e5e-0000-4000-8000-0000000000be';
 const CHUNK = Buffer.alloc(64 * 1024, 0x5a);
@@ -254,10 +259,10 @@ async function figure(variant: Variant, streams: number): Promise<Figure> {
 async function main(): Promise<void> {
   const results: Record<string, Figure & { ratio: number }> = {};
   for (const streams of [1, STREAMS]) {
-    const base = await figure('relay', streams);
-    for (const variant of ['relay', 'mux/memory', 'mux/tcp'] as const) {
-      const f = variant === 'relay' ? base : await figure(variant, streams);
-      const ratio = f.mbPerSecond / base.mbPerSecond;
+    const base = VARIANTS.includes('relay') ? await figure('relay', streams) : undefined;
+    for (const variant of VARIANTS) {
+      const f = variant === 'relay' ? base! : await figure(variant, streams);
+      const ratio = base ? f.mbPerSecond / base.mbPerSecond : Number.NaN;
       results[`${variant} x${streams}`] = { ...f, ratio };
       console.log(
         `${`${variant} x${streams}`.padEnd(16)} ${f.mbPerSecond.toFixed(0).padStart(6)} MB/s  ` +

@@ -35,7 +35,7 @@
  *   connection), event-loop delay p99 since the previous sample (above the monitor's 10 ms tick);
  *   plus the agent's CPU % and its services' open streams (GET /v1/services/{id}). The forced GC
  *   keeps the heap compact, so an agent under the probe shows a lower RSS than the same agent left
- *   alone (whose old generation may grow to 128 MB before V8 collects it, src/cli/v8-flags.ts):
+ *   alone (whose old generation may grow to its headroom, 64 MB, before V8 collects it, src/cli/v8-flags.ts):
  *   idle samples force no GC but the last one (idle RSS is the agent's own), and --gc-every N
  *   forces it only every Nth sample under load (the after-GC figures then come from those).
  * - Figures, per agent, over the measured window: start and end = medians of the first and last
