@@ -57,6 +57,16 @@ export function registerDataPlaneMetrics(registry: Registry, dataplane: DataPlan
     },
   });
   new Gauge({
+    name: 'mesh_dataplane_entries',
+    help: 'Entries the data plane keeps, by structure (docs/memory.md says what bounds each).',
+    labelNames: ['structure'] as const,
+    registers,
+    collect() {
+      this.reset();
+      for (const [structure, n] of Object.entries(dataplane.footprint())) this.labels(structure).set(n);
+    },
+  });
+  new Gauge({
     name: 'mesh_dataplane_connections_open',
     help: 'TCP connections of a service carried as streams now.',
     labelNames: ['service_id'] as const,

@@ -147,6 +147,24 @@ interface Carried {
   mbps: number;
 }
 
+/** Entries the data plane keeps, by structure (DataPlane.footprint). */
+export interface DataPlaneFootprint {
+  carried_services: number;
+  /** TCP connections the ingress tracks on the packet path (tcp-flows.ts). */
+  tcp_flows: number;
+  /** Flow records of the services' shapers. */
+  shaper_flows: number;
+  service_counters: number;
+  service_drop_counters: number;
+  /** Peer host names resolved and cached. */
+  peer_names: number;
+  streams: number;
+  /** Peers with stream-multiplexer state, summed over the transports. */
+  stream_peers: number;
+  /** Services with stream counters, summed over the transports. */
+  stream_services: number;
+}
+
 /** How long an exit waits for a destination to accept a stream's connection. */
 const EXIT_CONNECT_TIMEOUT_MS = 10_000;
 /** How long the probe from the MACVLAN address (after a transparent connection got no answer) waits. */
@@ -628,6 +646,35 @@ export class DataPlane {
 
   dropCounts(): ReadonlyMap<DropReason, number> {
     return this.drops;
+  }
+
+  /**
+   * How many entries the data plane keeps, structure by structure (docs/memory.md says what
+   * bounds each): for watching a long-running agent (mesh_dataplane_entries).
+   */
+  footprint(): DataPlaneFootprint {
+    const out: DataPlaneFootprint = {
+      carried_services: this.carried.size,
+      tcp_flows: 0,
+      shaper_flows: 0,
+      service_counters: this.counters.size,
+      service_drop_counters: this.dropsByService.size,
+      peer_names: this.peerIpCache.size,
+      streams: 0,
+      stream_peers: 0,
+      stream_services: 0,
+    };
+    for (const c of this.carried.values()) {
+      out.tcp_flows += c.flows?.size ?? 0;
+      out.shaper_flows += c.shaper.flowRecords;
+    }
+    for (const mux of this.streams?.muxes.values() ?? []) {
+      const f = mux.footprint();
+      out.streams += f.streams;
+      out.stream_peers += f.peers;
+      out.stream_services += f.services;
+    }
+    return out;
   }
 
   /** Per-service counters of the services this agent carried that still exist. */

@@ -138,6 +138,11 @@ export class FairShaper {
     this.setRate(opts.mbps);
   }
 
+  /** Flow records kept (waiting or idle with a tag): what docs/memory.md bounds by the sweep. */
+  get flowRecords(): number {
+    return this.flows.size;
+  }
+
   /** Changes the limit at once; 0 = unlimited, and everything waiting goes now. */
   setRate(mbps: number): void {
     checkMbps(mbps);

@@ -717,6 +717,45 @@ describe('StreamMux over the memory transport with loopback sockets', { timeout:
     assert.ok(h.a.peerDowns > 0 && h.b.peerDowns > 0);
     assert.equal(h.a.mux.stats(SERVICE).open + h.b.mux.stats(SERVICE).open, 0);
     assert.equal(h.a.mux.stats(SERVICE).resets + h.b.mux.stats(SERVICE).resets, 8);
+    // Nothing of the peer stays behind (a removed peer's state would stay for good).
+    assert.deepEqual(h.a.mux.footprint(), { peers: 0, streams: 0, services: 1, queuedFrames: 0 });
+    assert.deepEqual(h.b.mux.footprint(), { peers: 0, streams: 0, services: 1, queuedFrames: 0 });
+  });
+
+  it('keeps nothing per stream: 3000 streams later, one peer, one service and no stream remain', async () => {
+    const h = await setup({ destination: (socket) => socket.end('bye') });
+    const one = async (side: Side): Promise<string> => {
+      const client = await h.client(side);
+      let got = '';
+      client.on('data', (d: Buffer) => {
+        got += d.toString();
+      });
+      client.once('end', () => client.end());
+      await within(
+        10_000,
+        'the answer and the close',
+        new Promise((resolve) => client.once('close', resolve)),
+      );
+      return got;
+    };
+    // Both directions of opening (odd and even ids), 100 at a time.
+    for (let round = 0; round < 30; round++) {
+      const answers = await Promise.all(Array.from({ length: 100 }, (_, i) => one(i % 2 ? h.a : h.b)));
+      assert.deepEqual(new Set(answers), new Set(['bye']));
+    }
+    await waitFor(
+      'every stream freed',
+      () => h.a.mux.footprint().streams + h.b.mux.footprint().streams === 0,
+    );
+    // Each side counts the streams it opened as the ingress and those it opened as the exit.
+    assert.equal(h.a.mux.stats(SERVICE).opened, 3000);
+    assert.equal(h.b.mux.stats(SERVICE).opened, 3000);
+    for (const side of [h.a, h.b])
+      assert.deepEqual(side.mux.footprint(), { peers: 1, streams: 0, services: 1, queuedFrames: 0 });
+    // A deleted service's counters go too.
+    h.a.mux.closeService(SERVICE);
+    h.a.mux.forgetService(SERVICE);
+    assert.equal(h.a.mux.footprint().services, 0);
   });
 
   it('an OPEN from a peer not authorized for the service: OPEN_FAIL, no connect, counted', async () => {

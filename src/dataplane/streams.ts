@@ -115,6 +115,17 @@ export interface StreamMuxOptions {
  * ended by a reset (either side's socket, a protocol violation, peerDown, closeService, close);
  * `refused`: opens that failed (OPEN_FAIL either way, open timeout).
  */
+/** How many entries the mux keeps, structure by structure (docs/memory.md bounds each). */
+export interface StreamFootprint {
+  /** Peers with mux state: those with a tunnel that has carried a stream since it came up. */
+  peers: number;
+  streams: number;
+  /** Services with counters: those that had a stream here and were not forgotten. */
+  services: number;
+  /** Frames waiting for the end of the turn. */
+  queuedFrames: number;
+}
+
 export interface StreamStats {
   open: number;
   opened: number;
@@ -392,6 +403,9 @@ export class StreamMux {
     peer.outbox.length = 0;
     peer.blocked = false;
     for (const s of [...peer.streams.values()]) this.reset(s, false);
+    // With no stream left its state goes too (a removed peer's would stay for good). Stream ids
+    // start again from the first: nothing of the old connection's frames can reach a new one.
+    this.peers.delete(peerId);
   }
 
   /** A service left this agent: its streams are reset (RST to the peer). */
@@ -409,6 +423,16 @@ export class StreamMux {
 
   stats(serviceId: string): StreamStats {
     return { ...(this.services.get(serviceId) ?? emptyStats()) };
+  }
+
+  footprint(): StreamFootprint {
+    let streams = 0;
+    let queuedFrames = 0;
+    for (const peer of this.peers.values()) {
+      streams += peer.streams.size;
+      queuedFrames += peer.outbox.length;
+    }
+    return { peers: this.peers.size, streams, services: this.services.size, queuedFrames };
   }
 
   drops(): Readonly<Record<StreamDropCause, number>> {

@@ -241,6 +241,41 @@ export function trafficSuite(transport: 'tcp' | 'kcp', prefix: string, index: nu
       assert.deepEqual(JSON.parse(out), Array(50).fill(200));
     });
 
+    it('keeps nothing per connection once 2000 connections have ended (mesh_dataplane_entries)', async () => {
+      for (let round = 0; round < 10; round++) {
+        const out = await topo.run(
+          topo.ns.client,
+          process.execPath,
+          [APPS, 'burst', `http://${IP.dest}:${HTTP}/`, '200'],
+          30_000,
+        );
+        assert.deepEqual(JSON.parse(out), Array(200).fill(200));
+      }
+      const entries = async (node: Node) => {
+        const res = await node.agent.client.get('/metrics', { token: node.token });
+        assert.equal(res.status, 200);
+        const out: Record<string, number> = {};
+        for (const m of res.text.matchAll(/^mesh_dataplane_entries\{structure="(\w+)"\} (\S+)$/gm))
+          out[m[1]!] = Number(m[2]);
+        return out;
+      };
+      const listed = await ingress.agent.client.get('/v1/services', { token: ingress.token });
+      const services = (listed.body as unknown as unknown[]).length;
+      for (const node of [ingress, exit])
+        await until(
+          'no stream left',
+          async () => {
+            const e = await entries(node);
+            assert.equal(e['streams'], 0, JSON.stringify(e));
+            // Per tunnel peer and per service, never per connection: one peer, this suite's services.
+            assert.ok(e['stream_peers']! <= 1, JSON.stringify(e));
+            assert.ok(e['stream_services']! <= services, `${JSON.stringify(e)}, ${services} services`);
+            assert.ok(e['tcp_flows']! < 50, JSON.stringify(e));
+          },
+          10_000,
+        );
+    });
+
     /** The raw TCP client of netns-apps, from the client namespace. */
     const tcpClient = async (host: string, port: number, mode: 'halfclose' | 'reset' | 'connect') =>
       JSON.parse(
