@@ -4,7 +4,8 @@
  * exit carrying a client network's traffic to a destination network, for hours; every agent is
  * sampled at a fixed interval and the figures' growth over the measured window is computed.
  * `npm run bench:soak -- [--duration 2h] [--warmup 15m] [--idle 2m] [--sample 30s]
- * [--variant modest|heavy] [--snapshots] [--gc-every 1] [--prefix msoak] [--mgmt-index 230]`, as root, after
+ * [--variant modest|heavy] [--snapshots] [--gc-every 1] [--prefix msoak] [--mgmt-index 230]
+ * [--node-args '--initial-old-space-size=32']`, as root, after
  * `npm run build`; not part of the tests. Durations: 90s, 15m, 2h, or plain seconds.
  *
  * - Topology: test/helpers/netns-topology.ts (client, ingress, exit, dest; a management veth from
@@ -98,7 +99,7 @@ import type { ProbeSample } from './probe.js';
 
 const USAGE =
   'usage: node dist/bench/soak/run.js [--duration 2h] [--warmup 15m] [--idle 2m] [--sample 30s] ' +
-  '[--variant modest|heavy] [--snapshots] [--gc-every 1] [--prefix msoak] [--mgmt-index 230]';
+  '[--variant modest|heavy] [--snapshots] [--gc-every 1] [--prefix msoak] [--mgmt-index 230] [--node-args ARGS]';
 
 class UsageError extends Error {}
 
@@ -169,6 +170,7 @@ const parseOptions = () =>
       prefix: { type: 'string', default: 'msoak' },
       'mgmt-index': { type: 'string', default: '230' },
       'gc-every': { type: 'string', default: '1' },
+      'node-args': { type: 'string', default: '' },
       help: { type: 'boolean', default: false },
     },
     strict: true,
@@ -199,6 +201,8 @@ function settings() {
     prefix: values.prefix!,
     mgmtIndex: Number(values['mgmt-index']),
     gcEvery: Number(values['gc-every']),
+    /** More Node options for the agents, e.g. another --initial-old-space-size (the operator's value wins). */
+    nodeArgs: values['node-args']!.split(/\s+/).filter(Boolean),
   };
   if (!Number.isInteger(s.gcEvery) || s.gcEvery < 1) throw new UsageError('--gc-every: a whole number >= 1');
   if (s.sampleMs < 1000) throw new UsageError('--sample: at least 1s');
@@ -514,7 +518,7 @@ async function startAgent(role: Role, advertise: string): Promise<Soaked> {
     port: PORT,
     listen: `0.0.0.0:${PORT}`,
     apiHost: topo!.mgmt[role],
-    nodeArgs: ['--expose-gc', '--import', pathToFileURL(PROBE_JS).href],
+    nodeArgs: ['--expose-gc', '--import', pathToFileURL(PROBE_JS).href, ...S.nodeArgs],
     env: { SOAK_PROBE_SOCKET: probeSocket },
     extraArgs: ['--advertise', `${advertise}:${PORT}`, '--dataplane', 'on'],
   });
