@@ -1092,7 +1092,7 @@ async function measure(rep: number, path: string, metric: Metric, fn: () => Prom
       ? `streams ${s.mesh.streamsOpened} opened (${s.mesh.streamsReset} reset, ${s.mesh.streamsRefused} refused), ${((s.mesh.streamBytesUp + s.mesh.streamBytesDown) / 1e6).toFixed(0)} MB stream, ${((s.mesh.bytesSent + s.mesh.bytesReceived) / 1e6).toFixed(0)} MB packets`
       : '',
     s.mesh
-      ? `GC major ingress ${s.mesh.gc.ingress['major']?.count ?? '?'} (${(s.mesh.gc.ingress['major']?.seconds ?? 0).toFixed(2)} s), exit ${s.mesh.gc.exit['major']?.count ?? '?'} (${(s.mesh.gc.exit['major']?.seconds ?? 0).toFixed(2)} s)`
+      ? `GC major ingress ${s.mesh.gc.ingress['major']?.count ?? 0} (${(s.mesh.gc.ingress['major']?.seconds ?? 0).toFixed(2)} s), exit ${s.mesh.gc.exit['major']?.count ?? 0} (${(s.mesh.gc.exit['major']?.seconds ?? 0).toFixed(2)} s)`
       : '',
     s.mesh
       ? `TUN drops ingress ${s.mesh.ingressTun.txDropped}/${s.mesh.ingressTun.txPackets}, exit ${s.mesh.exitTun.txDropped}/${s.mesh.exitTun.txPackets}`

@@ -5,7 +5,7 @@
  * sampled at a fixed interval and the figures' growth over the measured window is computed.
  * `npm run bench:soak -- [--duration 2h] [--warmup 15m] [--idle 2m] [--sample 30s]
  * [--variant modest|heavy] [--snapshots] [--gc-every 1] [--prefix msoak] [--mgmt-index 230]
- * [--node-args '--initial-old-space-size=32']`, as root, after
+ * [--node-args=--initial-old-space-size=32]`, as root, after
  * `npm run build`; not part of the tests. Durations: 90s, 15m, 2h, or plain seconds.
  *
  * - Topology: test/helpers/netns-topology.ts (client, ingress, exit, dest; a management veth from
@@ -36,7 +36,7 @@
  *   connection), event-loop delay p99 since the previous sample (above the monitor's 10 ms tick);
  *   plus the agent's CPU % and its services' open streams (GET /v1/services/{id}). The forced GC
  *   keeps the heap compact, so an agent under the probe shows a lower RSS than the same agent left
- *   alone (whose old generation may grow to its headroom, 64 MB, before V8 collects it, src/cli/v8-flags.ts):
+ *   alone (whose old generation may grow to its headroom, 32 MB, before V8 collects it, src/cli/v8-flags.ts):
  *   idle samples force no GC but the last one (idle RSS is the agent's own), and --gc-every N
  *   forces it only every Nth sample under load (the after-GC figures then come from those).
  * - Figures, per agent, over the measured window: start and end = medians of the first and last

@@ -7,9 +7,10 @@
  * incremental markings and mark-compacts ("major GC storms": 47-183 per 11 s benchmark figure,
  * about half of each agent's CPU, docs/benchmarks.md). Old-generation headroom stops them: with
  * --initial-old-space-size=128 the same figures ran with 0-2 major GCs and 2-2.5x the
- * throughput. 64 MB does as well since the relay makes less garbage (an A/B in one bench run:
- * TCP 1 stream 1.00x, 4 streams 1.13x the 128 MB build, no major GC); 32 MB cost a quarter of
- * the throughput. The cost is memory: the old generation may grow to about 64 MB before V8
+ * throughput. Since the relay makes less garbage, 32 MB does as well (A/B in one bench run, 4
+ * reps: TCP 1 stream 0.99x, 4 streams 1.03x the 128 MB build, no major GC), and keeps an agent
+ * under steady load near 105 MB RSS instead of climbing toward 200 (docs/benchmarks.md, "Memory
+ * under load"). The cost is memory: the old generation grows to about 32 MB before V8 first
  * collects it.
  *
  * NODE_OPTIONS refuses this flag, and V8 reads it only when the heap is created, so the agent
@@ -18,7 +19,7 @@
  */
 import { execInPlace } from '../native/exec.js';
 
-export const AGENT_V8_FLAGS: readonly string[] = ['--initial-old-space-size=64'];
+export const AGENT_V8_FLAGS: readonly string[] = ['--initial-old-space-size=32'];
 
 /** The flags of AGENT_V8_FLAGS that `execArgv` lacks (matched by name, whatever the value). */
 export function missingV8Flags(execArgv: readonly string[]): string[] {
