@@ -56,6 +56,15 @@ export function registerDataPlaneMetrics(registry: Registry, dataplane: DataPlan
         for (const [reason, n] of byReason) this.labels(id, reason).inc(n);
     },
   });
+  new Counter({
+    name: 'mesh_dataplane_tun_failures_total',
+    help: 'TUN devices that failed under the agent (deleted behind its back) and were made again.',
+    registers,
+    collect() {
+      this.reset();
+      this.inc(dataplane.tunFailureCount());
+    },
+  });
   new Gauge({
     name: 'mesh_dataplane_entries',
     help: 'Entries the data plane keeps, by structure (docs/memory.md says what bounds each).',

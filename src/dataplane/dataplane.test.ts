@@ -536,6 +536,24 @@ describe('DataPlane with a recording kernel: reconciling', { timeout: 60_000 }, 
     await assertKernel(kernel, baseExpected());
   });
 
+  it('a TUN whose device fails under it is made again at once, counted, and set up again', async () => {
+    const { dp, kernel } = plane(new MemoryNetwork(), LOCAL);
+    await dp.start(baseView());
+    const old = kernel.tuns.get(TUN1)!;
+    await kernel.apply([{ op: 'del', link: { name: TUN1, kind: 'tun', mtu: 1500 } }]);
+    // The device's poll reports the failure on a later turn; the data plane opens it again then,
+    // before any reconcile of its own.
+    await new Promise((resolve) => setImmediate(resolve));
+    const now = kernel.tuns.get(TUN1);
+    assert.ok(now && now !== old && !now.detached && old.closed, 'a new TUN device is open');
+    assert.equal(dp.tunFailureCount(), 1);
+    await dp.settle();
+    await assertKernel(kernel, baseExpected());
+    assert.deepEqual(dp.problems(), []);
+    // The other service's TUN never noticed.
+    assert.equal(dp.tunFailureCount(), 1);
+  });
+
   it('a kernel apply failure shows in status(id).problem and problems(), and the next settle retries', async () => {
     const kernel = newKernel();
     kernel.failOn(`rule add pref 22000 to 10.92.0.0/16`);

@@ -232,6 +232,7 @@ export class DataPlane {
   private nft: { applied: string | null; appliedFrom: string | null } = { applied: null, appliedFrom: null };
   private running: Promise<void> | null = null;
   private again = false;
+  private tunFailures = 0;
   private timer: NodeJS.Timeout | null = null;
   private stopped = false;
   private lastError: string | null = null;
@@ -814,10 +815,7 @@ export class DataPlane {
         { tuns: lost.map((c) => c.service.tun) },
         'data plane: TUN deleted, re-opening',
       );
-      for (const c of lost) {
-        this.closeCarried(c);
-        this.openCarried(c.service);
-      }
+      for (const c of lost) this.reopenTun(c);
       observed = await kernel.observe();
     }
     // A TUN is created down with the default MTU, which observe() cannot tell from a configured
@@ -917,8 +915,52 @@ export class DataPlane {
       shaper: new FairShaper({ mbps: 0, burstMs: 20 }),
       mbps: 0,
     };
-    tun.onPackets((packets) => this.fromTun(carried, packets));
+    this.listenTo(carried);
     this.carried.set(service.serviceId, carried);
+  }
+
+  private listenTo(c: Carried): void {
+    const tun = c.tun;
+    tun.onPackets((packets) => this.fromTun(c, packets));
+    tun.onError((error) => this.tunFailed(c, tun, error));
+  }
+
+  /** Closes a service's TUN and opens it anew under the same name; the next apply sets it up. */
+  private reopenTun(c: Carried): void {
+    c.tun.close();
+    this.tunsToSetUp.add(c.service.tun);
+    c.tun = this.options.kernel.openTun(c.service.tun);
+    this.listenTo(c);
+  }
+
+  /**
+   * A TUN failed under the agent (its device deleted behind the fd, by a person or by another
+   * process): the service's packets stop, nothing else. Logged once per failure and counted
+   * (mesh_dataplane_tun_failures_total); the device is made again at once and the reconcile
+   * that follows puts back its address, routes and rules. If opening fails, the reconcile's
+   * check for lost TUNs tries again.
+   */
+  private tunFailed(c: Carried, tun: Tun, error: Error): void {
+    if (this.stopped || this.carried.get(c.service.serviceId) !== c || c.tun !== tun) return;
+    this.tunFailures++;
+    this.options.logger.warn(
+      { service: c.service.serviceId, tun: c.service.tun, error: error.message },
+      'data plane: TUN failed, making it again',
+    );
+    try {
+      this.reopenTun(c);
+    } catch (err) {
+      this.options.logger.warn(
+        { service: c.service.serviceId, tun: c.service.tun, error: (err as Error).message },
+        'data plane: TUN could not be made again yet',
+      );
+    }
+    this.schedule();
+  }
+
+  /** TUN devices that failed under the agent and were made again, since start. */
+  tunFailureCount(): number {
+    return this.tunFailures;
   }
 
   /**

@@ -76,6 +76,7 @@ function standInTun(name: string): Tun {
   return {
     name,
     onPackets: none,
+    onError: () => {},
     write: none,
     pause: none,
     resume: none,

@@ -20,6 +20,11 @@ export type Family = 4 | 6;
 export interface Tun {
   readonly name: string;
   onPackets(listener: (packets: Buffer[]) => void): void;
+  /**
+   * Sets the one listener for a failed read (the device deleted under its fd): reading has
+   * stopped and the TUN is of no more use. Without a listener the error would be thrown.
+   */
+  onError(listener: (error: Error) => void): void;
   /** Writes the packets, one per write; returns how many the kernel took. */
   write(packets: readonly Buffer[]): number;
   pause(): void;

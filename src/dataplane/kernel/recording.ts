@@ -72,6 +72,7 @@ export class RecordingTun implements Tun {
   /** Packets inject() dropped while paused with a full queue. */
   dropped = 0;
   private readonly listeners: ((packets: Buffer[]) => void)[] = [];
+  private errorListener: ((error: Error) => void) | null = null;
   private queue: Buffer[] = [];
   private paused = false;
   private state: 'open' | 'detached' | 'closed' = 'open';
@@ -94,6 +95,10 @@ export class RecordingTun implements Tun {
 
   onPackets(listener: (packets: Buffer[]) => void): void {
     this.listeners.push(listener);
+  }
+
+  onError(listener: (error: Error) => void): void {
+    this.errorListener = listener;
   }
 
   write(packets: readonly Buffer[]): number {
@@ -137,10 +142,21 @@ export class RecordingTun implements Tun {
     this.onClose(this);
   }
 
-  /** Called by the kernel twin when the link goes away while the device is open. */
+  /**
+   * Called by the kernel twin when the link goes away while the device is open. As the real
+   * device's poll does (src/native/tun.ts), the error listener hears of it on a later turn.
+   */
   detach(): void {
-    if (this.state === 'open') this.state = 'detached';
+    if (this.state !== 'open') return;
+    this.state = 'detached';
     this.queue = [];
+    setImmediate(() => {
+      if (this.state !== 'detached') return;
+      const error = Object.assign(new Error(`TUN device '${this.name}' failed while polling (deleted?)`), {
+        code: 'EBADF',
+      });
+      this.errorListener?.(error);
+    });
   }
 
   private deliver(packets: Buffer[]): void {
