@@ -536,6 +536,32 @@ describe('DataPlane with a recording kernel: reconciling', { timeout: 60_000 }, 
     await assertKernel(kernel, baseExpected());
   });
 
+  it("a view that arrives while start removes a predecessor's state waits for it: nothing opened is removed", async () => {
+    const kernel = newKernel();
+    // The removal of a killed predecessor's state takes a while (many rules and routes).
+    let removed!: () => void;
+    const gate = new Promise<void>((resolve) => {
+      removed = resolve;
+    });
+    const flush = kernel.flush.bind(kernel);
+    kernel.flush = async () => {
+      await gate;
+      await flush();
+    };
+    const { dp } = plane(new MemoryNetwork(), LOCAL, { kernel });
+    const starting = dp.start(view(LOCAL, [svc(S1, LOCAL, P1)], baseRoutes()));
+    // The cluster delivers a newer view (a write made while this agent was down) meanwhile.
+    dp.update(baseView());
+    await new Promise((resolve) => setTimeout(resolve, 20));
+    assert.equal(kernel.tuns.size, 0, 'nothing opened before the old state is gone');
+    removed();
+    await starting;
+    await dp.settle();
+    assert.equal(dp.tunFailureCount(), 0);
+    for (const tun of kernel.tuns.values()) assert.ok(!tun.detached && !tun.closed);
+    await assertKernel(kernel, baseExpected());
+  });
+
   it('a TUN whose device fails under it is made again at once, counted, and set up again', async () => {
     const { dp, kernel } = plane(new MemoryNetwork(), LOCAL);
     await dp.start(baseView());

@@ -232,6 +232,8 @@ export class DataPlane {
   private nft: { applied: string | null; appliedFrom: string | null } = { applied: null, appliedFrom: null };
   private running: Promise<void> | null = null;
   private again = false;
+  /** start() has removed what a predecessor left in the kernel: reconciles may run. */
+  private flushed = false;
   private tunFailures = 0;
   private timer: NodeJS.Timeout | null = null;
   private stopped = false;
@@ -516,6 +518,8 @@ export class DataPlane {
 
   /** Removes a crashed predecessor's state, then reconciles and keeps doing so on a timer. */
   async start(view: DataPlaneView): Promise<void> {
+    // A newer view given by update() while the flush runs replaces this one.
+    this.view = view;
     try {
       await this.options.kernel.flush();
     } catch (err) {
@@ -523,7 +527,7 @@ export class DataPlane {
       this.lastError = `removing stale kernel state failed: ${(err as Error).message}`;
       this.options.logger.error({ err }, 'data plane: removing stale kernel state failed');
     }
-    this.view = view;
+    this.flushed = true;
     if (this.options.sockets) {
       const sockets = this.options.sockets;
       const muxes = new Map(
@@ -709,7 +713,9 @@ export class DataPlane {
   // --- reconciling -------------------------------------------------------------------------------
 
   private schedule(): void {
-    if (this.stopped) return;
+    // Before start has removed a predecessor's state, a reconcile would build what the removal
+    // then deletes (TUNs included, under their open fds): views only wait until then.
+    if (this.stopped || !this.flushed) return;
     if (this.running) {
       this.again = true;
       return;
