@@ -11,7 +11,9 @@
  * reps: TCP 1 stream 0.99x, 4 streams 1.03x the 128 MB build, no major GC), and keeps an agent
  * under steady load near 105 MB RSS instead of climbing toward 200 (docs/benchmarks.md, "Memory
  * under load"). The cost is memory: the old generation grows to about 32 MB before V8 first
- * collects it.
+ * collects it. The risk: with the cores taken by other work, more buffers are in flight at each
+ * scavenge and storms came back at an exit in one run; an operator who would rather spend memory
+ * gives a bigger value on the node command line.
  *
  * NODE_OPTIONS refuses this flag, and V8 reads it only when the heap is created, so the agent
  * restarts itself once, in place (execv: same pid), with the flag added, unless it is already on
