@@ -123,6 +123,33 @@ describe('plan: route selection order (docs/decisions.md §6)', () => {
     );
   });
 
+  it('failover: the routes of a service standing aside rank after all others, in order among themselves', () => {
+    const services = [svc(S1, ME, EXIT), svc(S2, ME, OTHER)];
+    const routes = [
+      route(1, S1, 10, null, '10.91.2.0/25'),
+      route(2, S2, 20, null, '10.91.2.0/24'),
+      route(3, S1, 30, null, '10.91.3.0/24'),
+    ];
+    const rulesOf = (standby?: ReadonlySet<string>) =>
+      plan(input({ services, routes, ...(standby ? { standby } : {}) }))
+        .kernel.rules.filter((r) => r.pref >= RULE_PREF.ROUTES_FIRST && r.family === 4)
+        .map((r) => [r.pref, r.to, r.table]);
+    assert.deepEqual(rulesOf(), [
+      [22_000, '10.91.2.0/25', tableOf(1)],
+      [22_001, '10.91.2.0/24', tableOf(2)],
+      [22_002, '10.91.3.0/24', tableOf(1)],
+    ]);
+    // S1 stands aside: the /24 of S2 takes its /25's traffic; S1 keeps only what nothing else
+    // selects (10.91.3.0/24), where it is dropped as before.
+    assert.deepEqual(rulesOf(new Set([S1])), [
+      [22_000, '10.91.2.0/24', tableOf(2)],
+      [22_001, '10.91.2.0/25', tableOf(1)],
+      [22_002, '10.91.3.0/24', tableOf(1)],
+    ]);
+    // Both aside: the selection order among them, as with none.
+    assert.deepEqual(rulesOf(new Set([S1, S2])), rulesOf());
+  });
+
   it('leaves inactive services and services of other peers out', () => {
     const p = plan(
       input({
@@ -372,6 +399,16 @@ describe('plan: the service of an intercepted connection', () => {
     assert.equal(serviceOfConnection(routes, 'fd91:1::2', 'fd92::1'), S1);
     assert.equal(serviceOfConnection(routes.slice(0, 3), '10.91.9.7', '192.0.2.1'), null);
     assert.equal(serviceOfConnection(routes.slice(0, 3), 'fd91:1::2', 'fd92::1'), null); // IPv4 routes only
+  });
+
+  it('asks the routes of services standing aside last, as the policy rules do', () => {
+    assert.equal(serviceOfConnection(routes, '10.91.1.7', '10.92.5.1', new Set([S1])), S3);
+    assert.equal(serviceOfConnection(routes, '10.91.1.7', '10.92.5.1', new Set([S1, S3])), S2);
+    // The catch-all takes it; without one nothing else selects it, and the service standing
+    // aside still names it (dropped there).
+    assert.equal(serviceOfConnection(routes, 'fd91:1::2', 'fd92::1', new Set([S1])), S3);
+    const noCatchAll = routes.filter((r) => r.id !== 4);
+    assert.equal(serviceOfConnection(noCatchAll, 'fd91:1::2', 'fd92::1', new Set([S1])), S1);
   });
 });
 

@@ -83,6 +83,12 @@ export interface PlanInput {
   /** Services whose tunnel is not up: their TCP gets a reset and the rest an ICMP error. */
   unreachable: ReadonlySet<string>;
   /**
+   * Ingress services standing aside (failover, health.ts): their routes rank after every route
+   * of the others, so that the next route selecting the traffic carries it, and they get only
+   * what nothing else selects (dropped there as before, never looped). Default: none.
+   */
+  standby?: ReadonlySet<string>;
+  /**
    * Port of the agent's TPROXY listener on 127.0.0.1 and ::1: selected TCP is intercepted and
    * carried as streams. Absent or null: TCP travels as packets like everything else.
    */
@@ -152,6 +158,19 @@ export function carriedServices(
   }
   return out.sort((a, b) => a.slot - b.slot);
 }
+
+/**
+ * The selection order with failover: the routes of services standing aside after all the others,
+ * each group in the selection order (compareRoutes).
+ */
+export function routeOrder(
+  standby: ReadonlySet<string> = NO_SERVICES,
+): (a: PlanRoute, b: PlanRoute) => number {
+  if (standby.size === 0) return compareRoutes;
+  return (a, b) => Number(standby.has(a.serviceId)) - Number(standby.has(b.serviceId)) || compareRoutes(a, b);
+}
+
+const NO_SERVICES: ReadonlySet<string> = new Set();
 
 /** docs/decisions.md §6 selection order: lower priority, longer destination, longer source, lower id. */
 export function compareRoutes(a: PlanRoute, b: PlanRoute): number {
@@ -254,7 +273,9 @@ export function plan(input: PlanInput): Plan {
   const slotOfService = new Map(
     carried.filter((c) => c.role === 'ingress').map((c) => [c.serviceId, c.slot]),
   );
-  const selecting = input.routes.filter((r) => slotOfService.has(r.serviceId)).sort(compareRoutes);
+  const selecting = input.routes
+    .filter((r) => slotOfService.has(r.serviceId))
+    .sort(routeOrder(input.standby));
   const nextPref: Record<Family, number> = { 4: RULE_PREF.ROUTES_FIRST, 6: RULE_PREF.ROUTES_FIRST };
   for (const route of selecting) {
     const only = familyOf(route);
@@ -472,8 +493,13 @@ function nftRuleset(
  * `routes`: the routes of the services this agent is the ingress of. Compiles the routes on every
  * call: where they are asked many times, keep a RouteMatcher instead.
  */
-export function serviceOfConnection(routes: readonly PlanRoute[], src: string, dst: string): string | null {
-  return new RouteMatcher(routes).serviceOf(src, dst);
+export function serviceOfConnection(
+  routes: readonly PlanRoute[],
+  src: string,
+  dst: string,
+  standby?: ReadonlySet<string>,
+): string | null {
+  return new RouteMatcher(routes, standby).serviceOf(src, dst);
 }
 
 /**
@@ -487,8 +513,9 @@ export class RouteMatcher {
   /** Whether any route has a source CIDR: if none, the source address need not be parsed. */
   private readonly anySource: boolean;
 
-  constructor(routes: readonly PlanRoute[]) {
-    this.routes = [...routes].sort(compareRoutes).map((r) => ({
+  /** @param standby services standing aside: their routes are asked last (routeOrder). */
+  constructor(routes: readonly PlanRoute[], standby?: ReadonlySet<string>) {
+    this.routes = [...routes].sort(routeOrder(standby)).map((r) => ({
       serviceId: r.serviceId,
       source: compileCidr(r.sourceCidr),
       dest: compileCidr(r.destCidr),
