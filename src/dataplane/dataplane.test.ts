@@ -566,6 +566,7 @@ describe('DataPlane with a recording kernel: reconciling', { timeout: 60_000 }, 
     const { dp, kernel } = plane(new MemoryNetwork(), LOCAL);
     await dp.start(baseView());
     const old = kernel.tuns.get(TUN1)!;
+    const other = kernel.tuns.get(TUN2)!;
     await kernel.apply([{ op: 'del', link: { name: TUN1, kind: 'tun', mtu: 1500 } }]);
     // The device's poll reports the failure on a later turn; the data plane opens it again then,
     // before any reconcile of its own.
@@ -577,6 +578,8 @@ describe('DataPlane with a recording kernel: reconciling', { timeout: 60_000 }, 
     await assertKernel(kernel, baseExpected());
     assert.deepEqual(dp.problems(), []);
     // The other service's TUN never noticed.
+    assert.equal(kernel.tuns.get(TUN2), other);
+    assert.ok(!other.closed && !other.detached);
     assert.equal(dp.tunFailureCount(), 1);
   });
 

@@ -134,6 +134,8 @@ interface Carried {
   service: CarriedService;
   idBytes: Buffer;
   tun: Tun;
+  /** Its TUN failed and could not be opened again yet (reopenTun): the next reconcile retries. */
+  tunBroken: boolean;
   counters: ServiceCounters;
   /** Packets from the tunnel waiting for this tick's batched TUN write. */
   pending: Buffer[];
@@ -232,6 +234,7 @@ export class DataPlane {
   private nft: { applied: string | null; appliedFrom: string | null } = { applied: null, appliedFrom: null };
   private running: Promise<void> | null = null;
   private again = false;
+  private startCalled = false;
   /** start() has removed what a predecessor left in the kernel: reconciles may run. */
   private flushed = false;
   private tunFailures = 0;
@@ -518,6 +521,8 @@ export class DataPlane {
 
   /** Removes a crashed predecessor's state, then reconciles and keeps doing so on a timer. */
   async start(view: DataPlaneView): Promise<void> {
+    if (this.startCalled) throw new Error('a data plane is started once');
+    this.startCalled = true;
     // A newer view given by update() while the flush runs replaces this one.
     this.view = view;
     try {
@@ -528,6 +533,7 @@ export class DataPlane {
       this.options.logger.error({ err }, 'data plane: removing stale kernel state failed');
     }
     this.flushed = true;
+    if (this.stopped) return;
     if (this.options.sockets) {
       const sockets = this.options.sockets;
       const muxes = new Map(
@@ -815,22 +821,30 @@ export class DataPlane {
     let observed = await kernel.observe();
     // A TUN whose link was deleted behind the agent's back leaves a dead descriptor: open anew.
     const present = new Set(observed.links.map((l) => l.name));
-    const lost = [...this.carried.values()].filter((c) => !present.has(c.service.tun));
+    // So does one whose re-opening after a failure did not succeed (its name was still taken).
+    const lost = [...this.carried.values()].filter((c) => !present.has(c.service.tun) || c.tunBroken);
     if (lost.length > 0) {
       this.options.logger.warn(
         { tuns: lost.map((c) => c.service.tun) },
         'data plane: TUN deleted, re-opening',
       );
-      for (const c of lost) this.reopenTun(c);
+      for (const c of lost) {
+        // A failure already counted by tunFailed is not counted twice.
+        if (!c.tunBroken) this.tunFailures++;
+        this.reopenTun(c);
+      }
       observed = await kernel.observe();
     }
     // A TUN is created down with the default MTU, which observe() cannot tell from a configured
     // one: until an apply has set it up, show it with no MTU so that diff sets it (and up) again.
+    // Only the names known now are set up by this apply: a TUN made again while it runs
+    // (tunFailed) waits for the next one.
+    const settingUp = [...this.tunsToSetUp];
     observed.links = observed.links.map((l) => (this.tunsToSetUp.has(l.name) ? { ...l, mtu: 0 } : l));
     const changes = diff(observed, next.kernel, this.nft);
     if (changes.length > 0) {
       await kernel.apply(changes);
-      this.tunsToSetUp.clear();
+      for (const name of settingUp) this.tunsToSetUp.delete(name);
       if (changes.some((c) => c.op === 'nft')) {
         this.nft = { applied: (await kernel.observe()).nft, appliedFrom: next.kernel.nft };
       }
@@ -913,6 +927,7 @@ export class DataPlane {
       service,
       idBytes: uuidBytes(service.serviceId),
       tun,
+      tunBroken: false,
       counters,
       pending: [],
       flows: service.role === 'ingress' ? new TcpFlowTable() : null,
@@ -931,11 +946,16 @@ export class DataPlane {
     tun.onError((error) => this.tunFailed(c, tun, error));
   }
 
-  /** Closes a service's TUN and opens it anew under the same name; the next apply sets it up. */
+  /**
+   * Closes a service's TUN and opens it anew under the same name; the next apply sets it up.
+   * If opening throws, the service is left `tunBroken` for the next reconcile to try again.
+   */
   private reopenTun(c: Carried): void {
     c.tun.close();
+    c.tunBroken = true;
     this.tunsToSetUp.add(c.service.tun);
     c.tun = this.options.kernel.openTun(c.service.tun);
+    c.tunBroken = false;
     this.listenTo(c);
   }
 

@@ -90,8 +90,9 @@ describe('HealthTracker', () => {
     assert.equal(h.verdict(S, 34_999).carrying, false);
     assert.equal(h.verdict(S, 35_000).carrying, true);
     assert.equal(h.nextChange(35_000), null);
-    // The same evidence at the deadline reports the change (carrying now), not a new state.
-    assert.deepEqual(h.observe(S, GOOD, 35_000), { state: false, carrying: false });
+    // The same evidence at the deadline reports the change (carrying now), not a new state; once.
+    assert.deepEqual(h.observe(S, GOOD, 35_000), { state: false, carrying: true });
+    assert.deepEqual(h.observe(S, GOOD, 36_000), { state: false, carrying: false });
   });
 
   it('a flapping exit never carries: each failure during the hold-down starts it again', () => {

@@ -54,6 +54,8 @@ interface Tracked extends ServiceHealth {
   carriesFrom: number;
   /** Unhealthy since it last carried: the next healthy state starts a hold-down. */
   owesHoldDown: boolean;
+  /** Whether it carried at the last observe(): a hold-down ending between two is a change. */
+  reportedCarrying: boolean;
 }
 
 /** The state and reason the evidence says, before any hold-down. */
@@ -80,13 +82,20 @@ export class HealthTracker {
    */
   observe(serviceId: string, evidence: HealthEvidence, now: number): { state: boolean; carrying: boolean } {
     const before = this.services.get(serviceId);
-    const carriedBefore = before ? this.carries(before, now) : false;
+    const carriedBefore = before?.reportedCarrying ?? false;
     const stateBefore = before?.state;
     const reasonBefore = before?.reason;
     const { state, reason } = assess(evidence);
     let t: Tracked;
     if (!before) {
-      t = { state, reason, since: now, carriesFrom: now, owesHoldDown: state === 'unhealthy' };
+      t = {
+        state,
+        reason,
+        since: now,
+        carriesFrom: now,
+        owesHoldDown: state === 'unhealthy',
+        reportedCarrying: false,
+      };
       this.services.set(serviceId, t);
     } else {
       t = before;
@@ -104,7 +113,8 @@ export class HealthTracker {
       t.reason = reason;
     }
     const stateChanged = stateBefore !== state || reasonBefore !== reason;
-    return { state: stateChanged, carrying: carriedBefore !== this.carries(t, now) };
+    t.reportedCarrying = this.carries(t, now);
+    return { state: stateChanged, carrying: carriedBefore !== t.reportedCarrying };
   }
 
   /** The verdict on a service at `now`; a service never observed is unknown and carries nothing. */

@@ -28,7 +28,10 @@
  * Stream ids (u32): the peer with the lower peer id uses odd ids, the other even ones, so both
  * sides can open streams without colliding. Ids are not reused until they wrap, so a late frame
  * of a finished stream cannot land in a new one; frames for unknown streams change nothing (a
- * DATA is answered with RST so that a sender that missed the end stops), and are counted.
+ * DATA is answered with RST so that a sender that missed the end stops), and are counted. When
+ * the tunnel goes down (peerDown) the peer's state goes and ids start again: the transport
+ * reports every connection's end before messages flow on a new one, so no frame of the old
+ * connection reaches the new ids.
  */
 import type { Socket } from 'node:net';
 import { type TunnelMessage, writeMessage } from '../transports/tunnel.js';
@@ -115,6 +118,15 @@ export interface StreamMuxOptions {
  * ended by a reset (either side's socket, a protocol violation, peerDown, closeService, close);
  * `refused`: opens that failed (OPEN_FAIL either way, open timeout).
  */
+export interface StreamStats {
+  open: number;
+  opened: number;
+  bytesUp: number;
+  bytesDown: number;
+  resets: number;
+  refused: number;
+}
+
 /** How many entries the mux keeps, structure by structure (docs/memory.md bounds each). */
 export interface StreamFootprint {
   /** Peers with mux state: those with a tunnel that has carried a stream since it came up. */
@@ -124,15 +136,6 @@ export interface StreamFootprint {
   services: number;
   /** Frames waiting for the end of the turn. */
   queuedFrames: number;
-}
-
-export interface StreamStats {
-  open: number;
-  opened: number;
-  bytesUp: number;
-  bytesDown: number;
-  resets: number;
-  refused: number;
 }
 
 /**
