@@ -562,6 +562,17 @@ describe('DataPlane with a recording kernel: reconciling', { timeout: 60_000 }, 
     await assertKernel(kernel, baseExpected());
   });
 
+  it('keeps the answers for peer host names only while a peer uses the name', async () => {
+    const { dp } = plane(new MemoryNetwork(), LOCAL);
+    const named = baseView();
+    named.peers = [...named.peers, { id: 'd'.repeat(32), address: `localhost:${API_PORT}` }];
+    await dp.start(named);
+    assert.equal(dp.footprint().peer_names, 1);
+    dp.update(baseView());
+    await dp.settle();
+    assert.equal(dp.footprint().peer_names, 0);
+  });
+
   it('a TUN whose device fails under it is made again at once, counted, and set up again', async () => {
     const { dp, kernel } = plane(new MemoryNetwork(), LOCAL);
     await dp.start(baseView());

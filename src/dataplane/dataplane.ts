@@ -1024,6 +1024,7 @@ export class DataPlane {
    */
   private async peerIps(peers: DataPlaneView['peers']): Promise<string[]> {
     const out: string[] = [];
+    const names = new Set<string>();
     for (const p of peers) {
       const host = parsePeerAddress(p.address)?.host;
       if (!host) continue;
@@ -1031,6 +1032,7 @@ export class DataPlane {
         out.push(host);
         continue;
       }
+      names.add(host);
       const cached = this.peerIpCache.get(host);
       let ips = cached?.ips ?? [];
       if (!cached || Date.now() - cached.at > PEER_NAME_TTL_MS) {
@@ -1043,6 +1045,8 @@ export class DataPlane {
       }
       out.push(...ips);
     }
+    // Names no peer uses any more: their answers go (a renamed or removed peer's stayed for good).
+    for (const name of this.peerIpCache.keys()) if (!names.has(name)) this.peerIpCache.delete(name);
     return out;
   }
 
