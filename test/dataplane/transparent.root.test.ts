@@ -144,6 +144,21 @@ describe('data plane: fully transparent services', { timeout: 600_000 }, () => {
       'no transparency fields on other services',
     );
     await remove(ingress, id);
+    // Gone from the exit's kernel too (its MACVLAN with its sysctls) before the next test reads
+    // the sysctls: on a loaded machine the removal can take more than a second to arrive.
+    await until(
+      'the MACVLAN removed from the exit',
+      async () => {
+        const links = JSON.parse(await topo.run(topo.ns.exit, 'ip', ['-j', 'link', 'show'])) as {
+          ifname: string;
+        }[];
+        assert.deepEqual(
+          links.map((l) => l.ifname).filter((n) => n.startsWith('mesh-')),
+          [],
+        );
+      },
+      20_000,
+    );
   });
 
   let transparent: string;
