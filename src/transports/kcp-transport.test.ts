@@ -318,6 +318,28 @@ describe('kcp transport', { timeout: 180_000 }, () => {
     await p.close();
   });
 
+  it('silentMs: low while keepalives are answered, growing through an outage, low again after', async () => {
+    const p = await makePair({ keepaliveIntervalMs: 100, deadAfterMs: 15_000 });
+    const tunnel = p.a.tunnel(p.pb.id)!;
+    const highest = async (ms: number) => {
+      let max = 0;
+      for (const end = performance.now() + ms; performance.now() < end; await sleep(20))
+        max = Math.max(max, tunnel.silentMs()!);
+      return max;
+    };
+    // Idle but answered: never silent for long (the bound is loose: a loaded machine is slow).
+    assert.ok((await highest(800)) < 1000, 'silent while connected');
+    p.relay.blackholed = true;
+    await sleep(1500);
+    const silent = tunnel.silentMs()!;
+    assert.ok(silent >= 1000, `silent ${silent} ms into a 1.5 s outage`);
+    assert.equal(tunnel.state, 'up', 'an outage shorter than deadAfterMs keeps the link');
+    p.relay.blackholed = false;
+    await eventually('heard again', () => tunnel.silentMs()! < 500, 5000);
+    await p.close();
+    assert.equal(tunnel.silentMs(), null, 'null once the tunnel is not up');
+  });
+
   it('a 5 s outage: messages sent during it arrive after, the link is not declared dead (deadAfterMs 15 s)', async () => {
     const p = await makePair({ keepaliveIntervalMs: 1000, deadAfterMs: 15_000 });
     const tunnel = p.a.tunnel(p.pb.id)!;

@@ -682,6 +682,10 @@ class KcpLink implements Link {
     return this.slot.ended;
   }
 
+  silentMs(): number {
+    return Math.max(0, performance.now() - this.lastReceivedAt);
+  }
+
   send(messages: readonly TunnelMessage[]): boolean {
     if (this.finished) return true;
     for (const m of messages) {

@@ -68,6 +68,25 @@ describe('memory transport', { timeout: 30_000 }, () => {
     await Promise.all([a.close(), b.close()]);
   });
 
+  it('silentMs: 0 while connected (every keepalive answered), growing from a partition on', async () => {
+    const network = new MemoryNetwork();
+    const directory = new StaticPeerDirectory()
+      .set(A, memoryPublicKey(A), 'memory')
+      .set(B, memoryPublicKey(B), 'memory');
+    const a = network.transport({ localPeerId: A, directory, deadAfterMs: 5000 });
+    const b = network.transport({ localPeerId: B, directory, deadAfterMs: 5000 });
+    const tunnel = a.ensure(B);
+    assert.equal(tunnel.silentMs(), null, 'null while not up');
+    b.ensure(A);
+    await eventually('up', () => tunnel.state === 'up');
+    assert.equal(tunnel.silentMs(), 0);
+    network.partition(A, B);
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    assert.equal(tunnel.state, 'up', 'not dead before deadAfterMs');
+    assert.ok(tunnel.silentMs()! >= 150, `silent ${tunnel.silentMs()} ms`);
+    await Promise.all([a.close(), b.close()]);
+  });
+
   it('checks keys both ways: a dialer refuses a peer presenting another key, an acceptor an unknown one', async () => {
     const network = new MemoryNetwork();
     const directory = new StaticPeerDirectory()

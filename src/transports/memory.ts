@@ -204,6 +204,8 @@ class MemoryEnd implements Link {
   private deliveryScheduled = false;
   private wantDrain = false;
   private deadTimer: NodeJS.Timeout | undefined;
+  /** When the pair went silent: no keepalive would be answered from then on. */
+  private silencedAt: number | undefined;
 
   constructor(
     readonly pair: MemoryPair,
@@ -246,7 +248,13 @@ class MemoryEnd implements Link {
     }
   }
 
+  /** A connected pair answers every keepalive: silent only from the partition on. */
+  silentMs(): number {
+    return this.silencedAt === undefined ? 0 : performance.now() - this.silencedAt;
+  }
+
   silenced(): void {
+    this.silencedAt = performance.now();
     this.inbox = [];
     this.inboxBytes = 0;
     if (this.finished) return;

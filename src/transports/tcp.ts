@@ -392,6 +392,10 @@ class TcpLink implements Link {
     this.ticker.unref();
   }
 
+  silentMs(): number {
+    return Math.max(0, performance.now() - this.lastReceivedAt);
+  }
+
   send(messages: readonly TunnelMessage[]): boolean {
     if (this.finished) return true;
     writePieces(this.secure, dataFrameChunks(messages));

@@ -113,6 +113,11 @@ export interface Link {
   send(messages: readonly TunnelMessage[]): boolean;
   /** Closes it; the sink hears nothing more. Idempotent. */
   close(): void;
+  /**
+   * Milliseconds since anything authenticated last arrived on it (keepalive answers included),
+   * not counting time this process's event loop stood still: the tunnel's health evidence.
+   */
+  silentMs(): number;
 }
 
 export interface KeeperOptions {
@@ -436,5 +441,9 @@ class KeptTunnel implements Tunnel {
 
   stats(): TunnelStats {
     return { ...this.counters };
+  }
+
+  silentMs(): number | null {
+    return this.link && this.state === 'up' ? this.link.silentMs() : null;
   }
 }

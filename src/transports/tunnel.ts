@@ -86,6 +86,11 @@ export interface Tunnel {
    */
   send(messages: readonly TunnelMessage[]): boolean;
   stats(): TunnelStats;
+  /**
+   * While up: milliseconds since the peer was last heard on this tunnel (keepalive answers
+   * included; time this process's event loop stood still not counted). Null while not up.
+   */
+  silentMs(): number | null;
 }
 
 /** Provided by the agent from the replicated store. Only ACTIVE cluster peers are visible. */
