@@ -29,6 +29,7 @@ import {
   type Tun,
 } from '../../src/dataplane/kernel/port.js';
 import { RecordingKernel } from '../../src/dataplane/kernel/recording.js';
+import { eventually } from '../helpers/cluster.js';
 
 const NS = `mkp${process.pid}`;
 
@@ -660,5 +661,65 @@ describe('kernel port: RecordingKernel and LinuxKernel on one scenario', { timeo
     ]);
     await fake.flush();
     assert.equal(fake.transcript.length, from + 20);
+  });
+
+  it('routeGet: the device a packet leaves by, its carrier, the policy rules by mark, no route', async () => {
+    ip('link', 'add', 'veth-h0', 'type', 'veth', 'peer', 'name', 'veth-h1');
+    try {
+      ip('link', 'set', 'veth-h0', 'up');
+      ip('link', 'set', 'veth-h1', 'up');
+      ip('addr', 'add', '203.0.113.1/24', 'dev', 'veth-h0');
+      ip('route', 'add', '203.0.113.0/24', 'dev', 'veth-h0', 'table', '777');
+      ip('rule', 'add', 'pref', '777', 'fwmark', '0x770000/0xffff0000', 'lookup', '777');
+      // By the main table: the default route's device.
+      assert.deepStrictEqual(await real.routeGet({ dst: '198.18.0.1' }), {
+        dev: 'veth-x',
+        gateway: '192.0.2.1',
+        usable: true,
+        operstate: 'UP',
+      });
+      // With the mark, the rule sends it to table 777: veth-h0, which has carrier.
+      const marked = await real.routeGet({ dst: '203.0.113.9', mark: 0x770000 });
+      assert.equal(marked?.dev, 'veth-h0');
+      assert.equal(marked?.usable, true);
+      // The far end goes down: the route is still there, the device has no carrier.
+      ip('link', 'set', 'veth-h1', 'down');
+      await eventually(
+        'no carrier',
+        async () =>
+          (await real.routeGet({ dst: '203.0.113.9', mark: 0x770000 }))?.usable === false ? true : undefined,
+        5000,
+      );
+      const dark = await real.routeGet({ dst: '203.0.113.9', mark: 0x770000 });
+      assert.equal(dark?.dev, 'veth-h0');
+      assert.equal(dark?.operstate, 'LOWERLAYERDOWN');
+      // The device itself down: its routes go, table 777 is empty and the lookup falls through to
+      // main's default route (what an exit's health check must not take for its LAN).
+      ip('link', 'set', 'veth-h0', 'down');
+      assert.equal((await real.routeGet({ dst: '203.0.113.9', mark: 0x770000 }))?.dev, 'veth-x');
+      // An unreachable destination of the other family: no route either.
+      ip('-6', 'route', 'add', 'unreachable', 'fd00:777::/64');
+      assert.equal(await real.routeGet({ dst: 'fd00:777::1' }), null);
+      // The twin answers from the uplink unless told otherwise.
+      assert.deepStrictEqual(await fake.routeGet({ dst: '198.18.0.1' }), {
+        dev: 'veth-x',
+        gateway: '192.0.2.1',
+        usable: true,
+        operstate: 'UP',
+      });
+      fake.answerRouteGet('198.18.0.1', null);
+      assert.equal(await fake.routeGet({ dst: '198.18.0.1' }), null);
+    } finally {
+      // Whatever the test got to: each undone if it was done.
+      for (const undo of [
+        ['-6', 'route', 'del', 'unreachable', 'fd00:777::/64'],
+        ['rule', 'del', 'pref', '777'],
+        ['route', 'flush', 'table', '777'],
+        ['link', 'del', 'veth-h0'],
+      ])
+        try {
+          ip(...undo);
+        } catch {}
+    }
   });
 });

@@ -25,6 +25,8 @@ import {
   type KernelPort,
   type KernelState,
   type LinkSpec,
+  type RouteAnswer,
+  type RouteQuery,
   type RouteSpec,
   type RuleSpec,
   type Tun,
@@ -343,6 +345,34 @@ export class LinuxKernel implements KernelPort {
       dev,
       gateway4: four?.dev === dev ? four.gateway : null,
       gateway6: six?.dev === dev ? six.gateway : null,
+    };
+  }
+
+  async routeGet(q: RouteQuery): Promise<RouteAnswer | null> {
+    const args = ['-j', 'route', 'get', q.dst];
+    if (q.from !== undefined) args.push('from', q.from);
+    if (q.iif !== undefined) args.push('iif', q.iif);
+    if (q.mark !== undefined) args.push('mark', `0x${q.mark.toString(16)}`);
+    const res = await this.exec(this.ipArgv(args));
+    // No route (unreachable, prohibited, a down device): the kernel's refusal is the answer.
+    if (res.code !== 0) return null;
+    const route = (JSON.parse(res.stdout || '[]') as { dev?: string; gateway?: string; type?: string }[])[0];
+    if (!route?.dev || (route.type !== undefined && route.type !== 'unicast' && route.type !== 'local'))
+      return null;
+    const link = (
+      (await this.ipJson(['-j', 'link', 'show', 'dev', route.dev])) as {
+        operstate?: string;
+        flags?: string[];
+      }[]
+    )[0];
+    const operstate = link?.operstate ?? 'UNKNOWN';
+    const up = link?.flags?.includes('UP') ?? false;
+    const carrier = !(link?.flags?.includes('NO-CARRIER') ?? false);
+    return {
+      dev: route.dev,
+      gateway: route.gateway ?? null,
+      usable: up && carrier && (operstate === 'UP' || operstate === 'UNKNOWN'),
+      operstate,
     };
   }
 

@@ -128,6 +128,28 @@ export interface KernelPort {
   writeSysctl(key: string, value: string): Promise<void>;
   /** The default-route interface, for --macvlan-parent's default. */
   uplink(): Promise<Uplink | null>;
+  /**
+   * What the kernel does with a packet to `dst`, as it arriving on `iif` from `from` with `mark`
+   * would be routed (`ip route get`, the policy rules included): the device it leaves by and
+   * whether that device can carry it now (up, with carrier). Null when there is no route.
+   */
+  routeGet(query: RouteQuery): Promise<RouteAnswer | null>;
+}
+
+export interface RouteQuery {
+  dst: string;
+  from?: string;
+  iif?: string;
+  mark?: number;
+}
+
+export interface RouteAnswer {
+  dev: string;
+  gateway: string | null;
+  /** The device is up and has carrier (operstate UP, or UNKNOWN for devices without one). */
+  usable: boolean;
+  /** The device's operstate, as the kernel names it (UP, DOWN, LOWERLAYERDOWN, UNKNOWN, ...). */
+  operstate: string;
 }
 
 /** A kernel command that failed: the command line and what the tool printed. */

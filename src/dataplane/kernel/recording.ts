@@ -41,6 +41,8 @@ import {
   type KernelPort,
   type KernelState,
   type LinkSpec,
+  type RouteAnswer,
+  type RouteQuery,
   type RouteSpec,
   type RuleSpec,
   type Tun,
@@ -192,6 +194,9 @@ const sameSubnet = (a: ParsedCidr, b: ParsedCidr): boolean =>
   a.prefix === b.prefix && Buffer.compare(masked(a).bytes, masked(b).bytes) === 0;
 
 export class RecordingKernel implements KernelPort {
+  /** Every routeGet query, in order. */
+  readonly routeQueries: RouteQuery[] = [];
+  private readonly routeAnswers = new Map<string, RouteAnswer | null>();
   /** Every command line applied (or attempted: a failing line is its last entry), in order. */
   readonly transcript: string[] = [];
   readonly sysctls: Map<string, string>;
@@ -320,6 +325,21 @@ export class RecordingKernel implements KernelPort {
 
   async uplink(): Promise<Uplink | null> {
     return this.uplinkValue;
+  }
+
+  /** The answer routeGet gives for `dst` from now on (null: no route), whatever the query's other fields. */
+  answerRouteGet(dst: string, answer: RouteAnswer | null): void {
+    this.routeAnswers.set(dst, answer);
+  }
+
+  /** The answer set for the destination, else the uplink, up (a twin with no routing of its own). */
+  async routeGet(q: RouteQuery): Promise<RouteAnswer | null> {
+    this.routeQueries.push(q);
+    if (this.routeAnswers.has(q.dst)) return this.routeAnswers.get(q.dst)!;
+    const u = this.uplinkValue;
+    return u
+      ? { dev: u.dev, gateway: q.dst.includes(':') ? u.gateway6 : u.gateway4, usable: true, operstate: 'UP' }
+      : null;
   }
 
   /** Runs one rendered change line by line: one step per line, each may fail with the kernel's words. */
