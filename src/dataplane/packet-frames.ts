@@ -16,7 +16,8 @@ export function uuidBytes(uuid: string): Buffer {
   return Buffer.from(hex, 'hex');
 }
 
-function uuidText(bytes: Buffer, at: number): string {
+/** The UUID text of the 16 bytes at `at`. */
+export function uuidText(bytes: Buffer, at: number): string {
   const h = bytes.toString('hex', at, at + 16);
   return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
 }
