@@ -7,7 +7,7 @@ import { udpV4 } from '../../test/helpers/ip-packets.js';
 import { planRoute, planService, S1, S2, S3 } from '../../test/helpers/plan-fixtures.js';
 import { MemoryNetwork, type MemoryTransport, memoryPublicKey } from '../transports/memory.js';
 import { StaticPeerDirectory } from '../transports/static-directory.js';
-import { DataPlane, type DataPlaneView } from './dataplane.js';
+import { DataPlane, type DataPlaneView, type FailoverOptions } from './dataplane.js';
 import { canonicalState } from './kernel/canonical.js';
 import {
   exitTableOf,
@@ -122,6 +122,7 @@ function plane(
     reconcileIntervalMs?: number;
     /** A second memory network whose transport plays `kcp`. */
     kcpNetwork?: MemoryNetwork;
+    failover?: FailoverOptions;
   } = {},
 ): Plane {
   const kernel = options.kernel ?? newKernel();
@@ -139,6 +140,7 @@ function plane(
     macvlanParent: options.macvlanParent ?? null,
     // Large: the timer must not reconcile behind a test's back (unless the test asks for it).
     reconcileIntervalMs: options.reconcileIntervalMs ?? 3_600_000,
+    ...(options.failover ? { failover: options.failover } : {}),
   });
   const p = { id, kernel, transport, kcp, dp };
   live.push(p);
@@ -812,6 +814,66 @@ describe('DataPlane with a memory network: tunnels and packets', { timeout: 60_0
     network.heal(A, B);
     await bothUp(a, b);
     assert.deepEqual(refusedTuns((await a.kernel.observe()).nft), []);
+  });
+
+  it('failover: a service whose tunnel dies stands aside for the next route, and takes it back after the hold-down', async () => {
+    // S1: A -> B, priority 100; S3: A -> Z, priority 200, the same destination.
+    const failover = { intervalMs: 20, misses: 3, holdDownMs: 600 };
+    const services = [svc(S1, A, B), svc(S3, A, Z)];
+    const routes = [route(1, S1, 100, '10.92.0.0/16'), route(2, S3, 200, '10.92.0.0/16')];
+    const network = new MemoryNetwork();
+    const a = plane(network, A, { failover });
+    const b = plane(network, B, { failover });
+    const z = plane(network, Z, { failover });
+    await Promise.all([
+      a.dp.start(view(A, services, routes)),
+      b.dp.start(view(B, services, routes)),
+      z.dp.start(view(Z, services, routes)),
+    ]);
+    const first = async () => {
+      await a.dp.settle();
+      const rules = (await a.kernel.observe()).rules.filter(
+        (r) => r.family === 4 && r.pref >= RULE_PREF.ROUTES_FIRST,
+      );
+      return rules.sort((x, y) => x.pref - y.pref)[0]?.table;
+    };
+    const tableOfService = (id: string) => tableOf(Number(a.dp.status(id).interface!.slice('mesh-t'.length)));
+    const S1_TABLE = tableOfService(S1);
+    const S3_TABLE = tableOfService(S3);
+    await eventually(
+      'both carrying',
+      () => a.dp.healthOf(S1)?.carrying === true && a.dp.healthOf(S3)?.carrying === true,
+    );
+    assert.equal(await first(), S1_TABLE);
+
+    network.partition(A, B);
+    await eventually('S1 stands aside', () => a.dp.healthOf(S1)?.carrying === false);
+    assert.equal(a.dp.healthOf(S1)?.reason, 'tunnel_silent');
+    let aside: string | number | undefined;
+    await eventually(
+      'the next route carries',
+      () => aside === S3_TABLE,
+      async () => {
+        aside = await first();
+      },
+    );
+
+    network.heal(A, B);
+    await eventually('S1 healthy again', () => a.dp.healthOf(S1)?.state === 'healthy');
+    const healthyAt = performance.now();
+    assert.equal(a.dp.healthOf(S1)?.standbyReason, 'hold_down');
+    assert.equal(await first(), S3_TABLE, 'not before the hold-down');
+    // The verdict turns at the deadline; the routes follow at the next judgement.
+    let table: string | number | undefined;
+    await eventually(
+      "S1's route first again",
+      () => table === S1_TABLE,
+      async () => {
+        table = await first();
+      },
+    );
+    assert.ok(performance.now() - healthyAt >= failover.holdDownMs * 0.9, 'the hold-down was waited out');
+    assert.equal(a.dp.healthChangeCounts().get('tunnel_silent'), 1);
   });
 
   it('carries packets between the TUNs of two data planes both ways, in one TUN write per batch, with counters', async () => {

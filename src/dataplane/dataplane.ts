@@ -20,6 +20,7 @@ import type { Logger } from 'pino';
 import { parsePeerAddress } from '../domain/peer-address.js';
 import { type TunnelMessage, type TunnelTransport, wholeOf } from '../transports/tunnel.js';
 import { diff } from './diff.js';
+import { HealthTracker, type HealthVerdict } from './health.js';
 import { AGENT_MARK, transparentSocketMark } from './kernel/ownership.js';
 import type { KernelPort, Tun } from './kernel/port.js';
 import { decodeMessage, encodePacket, uuidBytes } from './packet-frames.js';
@@ -39,6 +40,7 @@ import {
 import { forwardingProblems, hasNetAdmin } from './requirements.js';
 import { FairShaper } from './shaper.js';
 import { SlotTable } from './slots.js';
+import { decodeServiceStatus, KIND_SERVICE_STATUS, type ServiceStatus } from './status-frames.js';
 import { isStreamKind } from './stream-frames.js';
 import { emptyStats, type StreamEnds, StreamMux, type StreamStats } from './streams.js';
 import { TcpFlowTable } from './tcp-flows.js';
@@ -75,7 +77,20 @@ export interface DataPlaneOptions {
   sockets?: StreamSockets;
   /** Whether the process holds CAP_NET_ADMIN (transparent exits need it). Default: hasNetAdmin. */
   netAdmin?: () => boolean;
+  /** Failover's timing (health.ts); default DEFAULT_FAILOVER. */
+  failover?: FailoverOptions;
 }
+
+export interface FailoverOptions {
+  /** How often the ingress judges its services' health (ms); the tunnels' keepalives should match. */
+  intervalMs: number;
+  /** Intervals without a word from the peer before its tunnel counts as silent. */
+  misses: number;
+  /** How long a service healthy again waits before it takes its traffic back (ms; 0: at once). */
+  holdDownMs: number;
+}
+
+export const DEFAULT_FAILOVER: FailoverOptions = { intervalMs: 500, misses: 3, holdDownMs: 30_000 };
 
 export interface StreamSockets {
   openTransparentListener(opts: { family: 4 | 6; address?: string; port: number; mark?: number }): number;
@@ -234,6 +249,17 @@ export class DataPlane {
   private nft: { applied: string | null; appliedFrom: string | null } = { applied: null, appliedFrom: null };
   private running: Promise<void> | null = null;
   private again = false;
+  private readonly failover: FailoverOptions;
+  private readonly health: HealthTracker;
+  /** Ingress services whose tunnel has been up: silence after that is evidence, before it is not. */
+  private readonly everUp = new Set<string>();
+  /** The exits' word on their services (status-frames.ts), by service. */
+  private readonly exitStatus = new Map<string, ServiceStatus>();
+  /** Ingress services standing aside (health.ts): their routes rank last (plan.ts routeOrder). */
+  private standby: ReadonlySet<string> = new Set();
+  private healthTimer: NodeJS.Timeout | undefined;
+  /** Health changes since start, by the state or reason they went to. */
+  private readonly healthChanges = new Map<string, number>();
   private startCalled = false;
   /** start() has removed what a predecessor left in the kernel: reconciles may run. */
   private flushed = false;
@@ -264,6 +290,8 @@ export class DataPlane {
   } | null = null;
 
   constructor(private readonly options: DataPlaneOptions) {
+    this.failover = options.failover ?? DEFAULT_FAILOVER;
+    this.health = new HealthTracker(this.failover.holdDownMs);
     this.transparent = new TransparentChecks({
       kernel: options.kernel,
       logger: options.logger,
@@ -552,6 +580,8 @@ export class DataPlane {
     await this.settle();
     this.timer = setInterval(() => this.schedule(), this.options.reconcileIntervalMs ?? 10_000);
     this.timer.unref();
+    this.healthTimer = setInterval(() => this.judgeHealth(), this.failover.intervalMs);
+    this.healthTimer.unref();
   }
 
   /** A new view of services, routes and peers: reconciled soon (changes coalesce). */
@@ -569,6 +599,7 @@ export class DataPlane {
   async stop(): Promise<void> {
     this.stopped = true;
     if (this.timer) clearInterval(this.timer);
+    if (this.healthTimer) clearInterval(this.healthTimer);
     while (this.running) await this.running;
     for (const c of this.carried.values()) c.tun.close();
     this.carried.clear();
@@ -766,6 +797,7 @@ export class DataPlane {
       uplink,
       tunMtu: this.options.tunMtu ?? 1500,
       unreachable,
+      standby: this.standby,
       interceptPort: this.streams?.port ?? null,
       agentSockets: this.streams !== null,
       transports: new Set(this.transportEntries().map(([kind]) => kind)),
@@ -855,7 +887,10 @@ export class DataPlane {
     // What the kernel now selects: intercepted connections are named by these, not by a newer
     // view that the kernel does not follow yet.
     const ingressIds = new Set(next.carried.filter((c) => c.role === 'ingress').map((c) => c.serviceId));
-    this.ingressMatcher = new RouteMatcher(view.routes.filter((r) => ingressIds.has(r.serviceId)));
+    this.ingressMatcher = new RouteMatcher(
+      view.routes.filter((r) => ingressIds.has(r.serviceId)),
+      this.standby,
+    );
     this.resetConnections(unreachable);
     // After the apply: the MACVLANs whose rp_filter a transparent exit may set exist now.
     const services = new Map(view.services.map((s) => [s.id, s]));
@@ -982,6 +1017,88 @@ export class DataPlane {
       );
     }
     this.schedule();
+  }
+
+  /**
+   * Failover, at the ingress (health.ts): each carried ingress service's evidence (its tunnel
+   * silent for `misses` intervals, or down after having been up; the exit's word) is judged;
+   * when a service stops or starts carrying, the routes are redone with those standing aside
+   * ranked last, and the streams of a service that stepped aside are reset at once (their
+   * clients see an error, not a hang, and reconnect through the route that carries now).
+   */
+  private judgeHealth(now = performance.now()): void {
+    if (this.stopped || !this.flushed) return;
+    const silentAfterMs = this.failover.intervalMs * this.failover.misses;
+    const ingress = [...this.carried.values()].filter((c) => c.service.role === 'ingress');
+    let redo = false;
+    for (const c of ingress) {
+      const id = c.service.serviceId;
+      const silent = this.tunnelOf(c.service)?.silentMs() ?? null;
+      if (silent !== null) this.everUp.add(id);
+      const status = this.exitStatus.get(id);
+      const change = this.health.observe(
+        id,
+        {
+          active: true, // plan carries active services only
+          tunnelAnswering: silent !== null ? silent < silentAfterMs : this.everUp.has(id) ? false : null,
+          exitCanForward: status?.canForward ?? null,
+          probePassing: status?.probePassing ?? null,
+        },
+        now,
+      );
+      if (change.state) {
+        const v = this.health.verdict(id, now);
+        const to = v.reason ?? v.state;
+        this.healthChanges.set(to, (this.healthChanges.get(to) ?? 0) + 1);
+        this.options.logger.info({ service: id, state: v.state, reason: v.reason }, 'service health changed');
+      }
+      if (change.carrying) redo = true;
+    }
+    const ids = new Set(ingress.map((c) => c.service.serviceId));
+    this.health.retain(ids);
+    for (const id of this.everUp) if (!ids.has(id)) this.everUp.delete(id);
+    for (const id of this.exitStatus.keys()) if (!ids.has(id)) this.exitStatus.delete(id);
+    if (!redo) return;
+    const standby = new Set([...ids].filter((id) => !this.health.verdict(id, now).carrying));
+    for (const id of standby) {
+      if (this.standby.has(id)) continue;
+      this.options.logger.warn(
+        { service: id, reason: this.health.verdict(id, now).standbyReason },
+        'service stands aside: its routes yield to the next',
+      );
+      for (const mux of this.streams?.muxes.values() ?? []) mux.closeService(id);
+    }
+    for (const id of this.standby)
+      if (!standby.has(id) && ids.has(id))
+        this.options.logger.info({ service: id }, 'service carries its routes again');
+    this.standby = standby;
+    this.schedule();
+  }
+
+  /** The exit's word on a service this agent is the ingress of; judged at the next interval. */
+  private statusFromExit(kind: TransportKind, peerId: string, message: Buffer): void {
+    const decoded = decodeServiceStatus(message);
+    if (decoded.kind === 'malformed') {
+      this.drop('malformed', undefined, 1);
+      return;
+    }
+    const c = this.carried.get(decoded.serviceId);
+    if (!c || c.service.role !== 'ingress' || c.service.peerId !== peerId || c.service.transport !== kind) {
+      this.drop(c ? 'unauthorized' : 'unknown_service', c, 1);
+      return;
+    }
+    this.exitStatus.set(decoded.serviceId, decoded);
+  }
+
+  /** A service's failover verdict at this ingress (null: this agent is not its ingress). */
+  healthOf(serviceId: string): HealthVerdict | null {
+    const c = this.carried.get(serviceId);
+    return c?.service.role === 'ingress' ? this.health.verdict(serviceId, performance.now()) : null;
+  }
+
+  /** Health changes since start, by the state or reason a service went to. */
+  healthChangeCounts(): ReadonlyMap<string, number> {
+    return this.healthChanges;
   }
 
   /** TUN devices that failed under the agent and were made again, since start. */
@@ -1114,6 +1231,10 @@ export class DataPlane {
     const mux = this.streams?.muxes.get(kind);
     if (mux && isStreamKind(first[0])) {
       mux.onMessage(peerId, message);
+      return;
+    }
+    if (first[0] === KIND_SERVICE_STATUS) {
+      this.statusFromExit(kind, peerId, wholeOf(message));
       return;
     }
     // Packets come whole but for a long one that arrived across reads: one copy, as a TUN write needs.
