@@ -1083,7 +1083,7 @@ export class DataPlane {
       return;
     }
     const c = this.carried.get(decoded.serviceId);
-    if (!c || c.service.role !== 'ingress' || c.service.peerId !== peerId || c.service.transport !== kind) {
+    if (c?.service.role !== 'ingress' || c.service.peerId !== peerId || c.service.transport !== kind) {
       this.drop(c ? 'unauthorized' : 'unknown_service', c, 1);
       return;
     }
