@@ -35,7 +35,12 @@ import { HttpPeerCaller } from './cluster/peer-client.js';
 import { Peers } from './cluster/peers.js';
 import { Replica } from './cluster/replica.js';
 import { ServiceConfig } from './cluster/service-config.js';
-import { DataPlane, type DataPlaneView } from './dataplane/dataplane.js';
+import {
+  DataPlane,
+  type DataPlaneView,
+  DEFAULT_FAILOVER,
+  type FailoverOptions,
+} from './dataplane/dataplane.js';
 import { registerDataPlaneMetrics } from './dataplane/dataplane-metrics.js';
 import { LinuxKernel } from './dataplane/kernel/linux.js';
 import { missingRequirements } from './dataplane/requirements.js';
@@ -78,6 +83,11 @@ export interface AgentConfig {
   dataplane?: 'on' | 'off' | 'auto';
   /** `--macvlan-parent`; default: the interface of the default route. */
   macvlanParent?: string | undefined;
+  /**
+   * Failover's timing (--health-interval-ms, --health-misses, --failover-hold-down-ms); default
+   * DEFAULT_FAILOVER. The tunnels' keepalives run at its interval: silence is measured in them.
+   */
+  failover?: FailoverOptions;
   /** --kcp: KCP engine parameters of the kcp transport (DEFAULT_KCP_PARAMS where absent). */
   kcp?: Partial<
     Pick<
@@ -405,6 +415,7 @@ async function buildDataPlane(
   };
   // Short enough that traffic resumes within seconds of a peer coming back.
   const backoff = { minMs: 250, maxMs: 3000 };
+  const failover = config.failover ?? DEFAULT_FAILOVER;
   const transport = new TcpTransport({
     localPeerId: identity.peerId,
     identityKey,
@@ -412,6 +423,7 @@ async function buildDataPlane(
     logger: log,
     backoff,
     directory,
+    keepaliveIntervalMs: failover.intervalMs,
   });
   const apiPort = Number(config.advertise.slice(config.advertise.lastIndexOf(':') + 1));
   // The kcp transport's UDP socket takes the API's port number (peers know only that address).
@@ -423,9 +435,10 @@ async function buildDataPlane(
       directory,
       bind: { address: config.listenHost, port: config.listenPort || apiPort },
       backoff,
-      // UDP hears nothing when a peer dies (no FIN, no RST as a TCP tunnel gets): a keepalive
-      // every 2 s and 10 s of silence tell it, so its streams' clients get an error well within 15 s.
-      keepaliveIntervalMs: 2000,
+      // UDP hears nothing when a peer dies (no FIN, no RST as a TCP tunnel gets): keepalives at
+      // the health interval and 10 s of silence tell it, so its streams' clients get an error
+      // well within 15 s (failover sees the silence sooner: health.ts).
+      keepaliveIntervalMs: failover.intervalMs,
       deadAfterMs: 10_000,
       ...(config.kcp ? { kcp: config.kcp } : {}),
       logger: log,
@@ -442,6 +455,7 @@ async function buildDataPlane(
       logger: log,
       apiPort: config.listenPort || apiPort,
       macvlanParent: config.macvlanParent ?? null,
+      failover,
       // TCP crosses as streams (TPROXY at the ingress, re-originated at the exit).
       sockets: { openTransparentListener, connectNetSocket },
     });

@@ -68,6 +68,11 @@ async function serve(argv: string[]): Promise<void> {
     logLevel: opts.logLevel,
     metricsPublic: opts.metricsPublic,
     gossipIntervalMs: opts.gossipIntervalMs,
+    failover: {
+      intervalMs: opts.healthIntervalMs,
+      misses: opts.healthMisses,
+      holdDownMs: opts.failoverHoldDownMs,
+    },
     testHooks: opts.testHooks,
     dataplane: opts.dataplane,
     macvlanParent: opts.macvlanParent,

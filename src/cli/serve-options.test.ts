@@ -33,6 +33,26 @@ describe('serve options', () => {
       assert.throws(() => parseServeOptions(['--gossip-interval-ms', bad], {}), UsageError, bad);
     }
   });
+  it('failover: health every 500 ms, 3 misses, 30 s hold-down by default; each checked', () => {
+    const o = parseServeOptions([], {});
+    assert.deepEqual([o.healthIntervalMs, o.healthMisses, o.failoverHoldDownMs], [500, 3, 30_000]);
+    const set = parseServeOptions(
+      ['--health-interval-ms', '100', '--health-misses', '10', '--failover-hold-down-ms', '0'],
+      {},
+    );
+    assert.deepEqual([set.healthIntervalMs, set.healthMisses, set.failoverHoldDownMs], [100, 10, 0]);
+    assert.equal(parseServeOptions([], { MESH_FAILOVER_HOLD_DOWN_MS: '5000' }).failoverHoldDownMs, 5000);
+    for (const [flag, bad] of [
+      ['--health-interval-ms', '49'],
+      ['--health-interval-ms', '1.5'],
+      ['--health-misses', '1'],
+      ['--health-misses', '101'],
+      ['--failover-hold-down-ms', '-1'],
+      ['--failover-hold-down-ms', '3600001'],
+    ] as const)
+      assert.throws(() => parseServeOptions([flag, bad], {}), UsageError, `${flag} ${bad}`);
+  });
+
   it('reads MESH_<NAME> variables; flags win', () => {
     const o = parseServeOptions(['--data-dir', '/flag'], {
       MESH_DATA_DIR: '/env',
@@ -119,6 +139,9 @@ describe('SERVE_FLAGS, the one table of the serve flags', () => {
     'metrics-public': {},
     'log-level': { value: 'debug' },
     'gossip-interval-ms': { value: '250' },
+    'health-interval-ms': { value: '200' },
+    'health-misses': { value: '5' },
+    'failover-hold-down-ms': { value: '0' },
     kcp: { value: 'mtu=1400' },
     'test-hooks': {},
   };

@@ -19,6 +19,10 @@ export interface ServeOptions {
   metricsPublic: boolean;
   logLevel: string;
   gossipIntervalMs: number;
+  /** Failover (docs/dataplane.md): health interval, misses before a tunnel is silent, hold-down. */
+  healthIntervalMs: number;
+  healthMisses: number;
+  failoverHoldDownMs: number;
   testHooks: boolean;
   /** --kcp: KCP engine parameters of the kcp transport (docs/kcp.md), checked again by the agent. */
   kcp: KcpTuning;
@@ -100,6 +104,9 @@ export const SERVE_FLAGS = {
   'metrics-public': {},
   'log-level': { value: 'LEVEL', default: 'info' },
   'gossip-interval-ms': { value: 'MS', default: '1000' },
+  'health-interval-ms': { value: 'MS', default: '500' },
+  'health-misses': { value: 'N', default: '3' },
+  'failover-hold-down-ms': { value: 'MS', default: '30000' },
   kcp: {
     value: 'KEY=N,...',
     note: 'KCP engine: mtu, interval, nodelay, resend, nc, sndwnd,\nrcvwnd, minrto; docs/kcp.md',
@@ -236,6 +243,17 @@ export function parseServeOptions(argv: string[], env: NodeJS.ProcessEnv): Serve
   if (!/^\d+$/.test(intervalText) || gossipIntervalMs < 50 || gossipIntervalMs > 60_000) {
     throw new UsageError('--gossip-interval-ms must be an integer from 50 to 60000');
   }
+  /** A whole number of a flag with a default, within its bounds. */
+  const wholeNumber = (flag: DefaultedFlag, min: number, max: number): number => {
+    const text = orDefault(flag);
+    const n = Number(text);
+    if (!/^\d+$/.test(text) || n < min || n > max)
+      throw new UsageError(`--${flag} must be an integer from ${min} to ${max}`);
+    return n;
+  };
+  const healthIntervalMs = wholeNumber('health-interval-ms', 50, 60_000);
+  const healthMisses = wholeNumber('health-misses', 2, 100);
+  const failoverHoldDownMs = wholeNumber('failover-hold-down-ms', 0, 3_600_000);
   const keysFlag = values['license-public-key'];
   const keysEnv = env[envName('license-public-key')];
   const licensePublicKeys = Array.isArray(keysFlag)
@@ -262,6 +280,9 @@ export function parseServeOptions(argv: string[], env: NodeJS.ProcessEnv): Serve
     metricsPublic: bool('metrics-public'),
     logLevel: orDefault('log-level'),
     gossipIntervalMs,
+    healthIntervalMs,
+    healthMisses,
+    failoverHoldDownMs,
     testHooks: bool('test-hooks'),
     kcp: parseKcpTuning(str('kcp')),
   };
