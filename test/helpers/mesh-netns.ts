@@ -51,7 +51,12 @@ export interface MeshNetns {
 export async function meshNetnsUp(
   prefix: string,
   index: number,
-  opts: { readOnlySysctls?: Role[]; prepare?: (topo: Topology) => Promise<void> } = {},
+  opts: {
+    readOnlySysctls?: Role[];
+    prepare?: (topo: Topology) => Promise<void>;
+    /** More `serve` flags for every agent. */
+    agentArgs?: string[];
+  } = {},
 ): Promise<MeshNetns> {
   // One traffic suite at a time: their throughput figures must not share the cores (exclusive.ts).
   const release = await exclusive('mesh-netns', 240_000);
@@ -102,6 +107,7 @@ export async function meshNetnsUp(
           '--gossip-interval-ms',
           '200',
           ...(parent ? ['--macvlan-parent', parent] : []),
+          ...(opts.agentArgs ?? []),
         ],
       });
       const node = await bootstrapNode(agent, vendor, license);
