@@ -56,6 +56,26 @@ export function registerDataPlaneMetrics(registry: Registry, dataplane: DataPlan
         for (const [reason, n] of byReason) this.labels(id, reason).inc(n);
     },
   });
+  new Gauge({
+    name: 'mesh_dataplane_service_carrying',
+    help: 'Whether a service this agent is the ingress of carries its routes now (1), or stands aside for failover (0).',
+    labelNames: ['service_id'] as const,
+    registers,
+    collect() {
+      this.reset();
+      for (const [id, v] of dataplane.ingressHealth()) this.labels(id).set(v.carrying ? 1 : 0);
+    },
+  });
+  new Counter({
+    name: 'mesh_dataplane_service_health_changes_total',
+    help: 'Changes of the health of the services this agent is the ingress of, by what they changed to (healthy, unknown, or the reason: tunnel_silent, exit_no_route, probe_failed, inactive).',
+    labelNames: ['to'] as const,
+    registers,
+    collect() {
+      this.reset();
+      for (const [to, n] of dataplane.healthChangeCounts()) this.labels(to).inc(n);
+    },
+  });
   new Counter({
     name: 'mesh_dataplane_tun_failures_total',
     help: 'TUN devices that failed under the agent (deleted behind its back) and were made again.',

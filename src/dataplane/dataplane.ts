@@ -257,6 +257,8 @@ export class DataPlane {
   private readonly exitStatus = new Map<string, ServiceStatus>();
   /** Ingress services standing aside (health.ts): their routes rank last (plan.ts routeOrder). */
   private standby: ReadonlySet<string> = new Set();
+  /** Services that stepped aside since the last reconcile: their streams are looked at after it. */
+  private readonly steppedAside = new Set<string>();
   private healthTimer: NodeJS.Timeout | undefined;
   /** Health changes since start, by the state or reason they went to. */
   private readonly healthChanges = new Map<string, number>();
@@ -891,6 +893,14 @@ export class DataPlane {
       view.routes.filter((r) => ingressIds.has(r.serviceId)),
       this.standby,
     );
+    // The streams of a service that stepped aside, whose traffic another route now takes, are
+    // reset (their clients reconnect through it). Those no other route takes stay: they would
+    // only lose what an outage may yet spare.
+    for (const id of this.steppedAside) {
+      const stillItsOwn = (e: StreamEnds) => this.ingressMatcher.serviceOf(e.srcAddr, e.dstAddr) === id;
+      for (const mux of this.streams?.muxes.values() ?? []) mux.closeService(id, stillItsOwn);
+    }
+    this.steppedAside.clear();
     this.resetConnections(unreachable);
     // After the apply: the MACVLANs whose rp_filter a transparent exit may set exist now.
     const services = new Map(view.services.map((s) => [s.id, s]));
@@ -1066,7 +1076,7 @@ export class DataPlane {
         { service: id, reason: this.health.verdict(id, now).standbyReason },
         'service stands aside: its routes yield to the next',
       );
-      for (const mux of this.streams?.muxes.values() ?? []) mux.closeService(id);
+      this.steppedAside.add(id);
     }
     for (const id of this.standby)
       if (!standby.has(id) && ids.has(id))
@@ -1094,6 +1104,14 @@ export class DataPlane {
   healthOf(serviceId: string): HealthVerdict | null {
     const c = this.carried.get(serviceId);
     return c?.service.role === 'ingress' ? this.health.verdict(serviceId, performance.now()) : null;
+  }
+
+  /** The failover verdicts of every service this agent is the ingress of. */
+  ingressHealth(): [string, HealthVerdict][] {
+    const now = performance.now();
+    return [...this.carried.values()]
+      .filter((c) => c.service.role === 'ingress')
+      .map((c) => [c.service.serviceId, this.health.verdict(c.service.serviceId, now)]);
   }
 
   /** Health changes since start, by the state or reason a service went to. */

@@ -963,6 +963,22 @@ describe('StreamMux over the memory transport with loopback sockets', { timeout:
     assert.equal((await within(5_000, 'refused after close', errorOf(third)))?.code, 'ECONNRESET');
   });
 
+  it('closeService with keep: resets only the ingress streams it does not keep', async () => {
+    const h = await setup({ destination: echo });
+    const kept = await h.client(h.a);
+    const reset = await h.client(h.a);
+    for (const c of [kept, reset]) c.write('ping');
+    await waitFor('both open', () => h.a.mux.stats(SERVICE).open === 2 && h.b.mux.stats(SERVICE).open === 2);
+    const resetError = errorOf(reset);
+    h.a.mux.closeService(SERVICE, (ends) => ends.srcPort === kept.localPort);
+    assert.equal((await within(5_000, 'the other reset', resetError))?.code, 'ECONNRESET');
+    assert.equal(h.a.mux.stats(SERVICE).open, 1);
+    const replies: Buffer[] = [];
+    kept.on('data', (c: Buffer) => replies.push(c));
+    kept.write('still');
+    await waitFor('the kept one still echoes', () => Buffer.concat(replies).toString().endsWith('still'));
+  });
+
   it("forgetService drops a deleted service's counters; closeService alone keeps them", async () => {
     const h = await setup({ destination: echo });
     const client = await h.client(h.a);

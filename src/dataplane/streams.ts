@@ -172,6 +172,8 @@ interface PeerState {
 }
 
 class Stream {
+  /** Ingress: the connection's addresses and ports (closeService asks about them). */
+  ends: StreamEnds | null = null;
   phase: 'opening' | 'open' | 'done' = 'opening';
   socket: Socket | undefined;
   timer: NodeJS.Timeout | undefined;
@@ -314,6 +316,7 @@ export class StreamMux {
       this.pacerOf(serviceId, 'up'),
       this.window,
     );
+    s.ends = ends;
     peer.streams.set(id, s);
     counters.open++;
     counters.opened++;
@@ -411,10 +414,14 @@ export class StreamMux {
     this.peers.delete(peerId);
   }
 
-  /** A service left this agent: its streams are reset (RST to the peer). */
-  closeService(serviceId: string): void {
+  /**
+   * A service left this agent: its streams are reset (RST to the peer). With `keep`, only the
+   * ingress streams it does not keep (a service standing aside keeps those no other route takes).
+   */
+  closeService(serviceId: string, keep?: (ends: StreamEnds) => boolean): void {
     for (const peer of this.peers.values())
-      for (const s of [...peer.streams.values()]) if (s.serviceId === serviceId) this.reset(s, true);
+      for (const s of [...peer.streams.values()])
+        if (s.serviceId === serviceId && !(keep && s.ends && keep(s.ends))) this.reset(s, true);
     // The counters stay while the service exists: they feed Prometheus counters, which must
     // never go back. forgetService drops them once it is deleted.
   }

@@ -69,6 +69,10 @@ describe('data plane: failover between two exits', { timeout: 300_000 }, () => {
       `# the first exit back: its traffic returned after ${backMs.toFixed(0)} ms (hold-down ${HOLD_DOWN_MS})`,
     );
     assert.ok(backMs >= HOLD_DOWN_MS * 0.5, `returned after ${backMs.toFixed(0)} ms, before the hold-down`);
+    const metrics = (await ingress.agent.client.get('/metrics', { token: ingress.token })).text;
+    assert.match(metrics, new RegExp(`^mesh_dataplane_service_carrying\\{service_id="${first}"\\} 1$`, 'm'));
+    assert.match(metrics, new RegExp(`^mesh_dataplane_service_carrying\\{service_id="${second}"\\} 1$`, 'm'));
+    assert.match(metrics, /^mesh_dataplane_service_health_changes_total\{to="tunnel_silent"\} [1-9]/m);
   });
 
   it('a hung first exit (SIGSTOP: its tunnel silent, not closed) loses its traffic too, and gets it back', async () => {
