@@ -478,8 +478,12 @@ describe('StreamMux over the memory transport with loopback sockets', { timeout:
     console.log(
       `# exit holds ${fastExit.writableLength} bytes for the fast-then-stuck stream (max window ${MAX}), ${stuckExit.writableLength} for the stuck one (window ${WINDOW})`,
     );
-    assert.ok(fastExit.writableLength > WINDOW, 'the fast stream window grew');
-    assert.ok(fastExit.writableLength <= MAX, 'and stayed within maxWindow');
+    // The window the exit granted grew (what its socket holds depends on how much the kernel's
+    // buffers took, which varies from run to run), and no stream beyond maxWindow.
+    const growth = h.b.mux.footprint().windowGrowth;
+    assert.ok(growth > 0, 'the fast stream window grew');
+    assert.ok(growth <= 2 * (MAX - WINDOW), `and stayed within maxWindow (${growth} bytes grown)`);
+    assert.ok(fastExit.writableLength <= MAX, 'its exit socket holds no more than maxWindow');
     // The kernel buffers of a destination that never reads take bytes fast at first: it may grow too.
     assert.ok(stuckExit.writableLength <= MAX);
   });
@@ -718,8 +722,20 @@ describe('StreamMux over the memory transport with loopback sockets', { timeout:
     assert.equal(h.a.mux.stats(SERVICE).open + h.b.mux.stats(SERVICE).open, 0);
     assert.equal(h.a.mux.stats(SERVICE).resets + h.b.mux.stats(SERVICE).resets, 8);
     // Nothing of the peer stays behind (a removed peer's state would stay for good).
-    assert.deepEqual(h.a.mux.footprint(), { peers: 0, streams: 0, services: 1, queuedFrames: 0 });
-    assert.deepEqual(h.b.mux.footprint(), { peers: 0, streams: 0, services: 1, queuedFrames: 0 });
+    assert.deepEqual(h.a.mux.footprint(), {
+      peers: 0,
+      streams: 0,
+      services: 1,
+      queuedFrames: 0,
+      windowGrowth: 0,
+    });
+    assert.deepEqual(h.b.mux.footprint(), {
+      peers: 0,
+      streams: 0,
+      services: 1,
+      queuedFrames: 0,
+      windowGrowth: 0,
+    });
   });
 
   it('keeps nothing per stream: 3000 streams later, one peer, one service and no stream remain', async () => {
@@ -751,7 +767,13 @@ describe('StreamMux over the memory transport with loopback sockets', { timeout:
     assert.equal(h.a.mux.stats(SERVICE).opened, 3000);
     assert.equal(h.b.mux.stats(SERVICE).opened, 3000);
     for (const side of [h.a, h.b])
-      assert.deepEqual(side.mux.footprint(), { peers: 1, streams: 0, services: 1, queuedFrames: 0 });
+      assert.deepEqual(side.mux.footprint(), {
+        peers: 1,
+        streams: 0,
+        services: 1,
+        queuedFrames: 0,
+        windowGrowth: 0,
+      });
     // A deleted service's counters go too.
     h.a.mux.closeService(SERVICE);
     h.a.mux.forgetService(SERVICE);

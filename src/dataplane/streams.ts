@@ -136,6 +136,8 @@ export interface StreamFootprint {
   services: number;
   /** Frames waiting for the end of the turn. */
   queuedFrames: number;
+  /** Bytes of window the open streams were granted beyond the initial one (auto-tuning). */
+  windowGrowth: number;
 }
 
 /**
@@ -442,7 +444,13 @@ export class StreamMux {
       streams += peer.streams.size;
       queuedFrames += peer.outbox.length;
     }
-    return { peers: this.peers.size, streams, services: this.services.size, queuedFrames };
+    return {
+      peers: this.peers.size,
+      streams,
+      services: this.services.size,
+      queuedFrames,
+      windowGrowth: this.windowGrowth,
+    };
   }
 
   drops(): Readonly<Record<StreamDropCause, number>> {
