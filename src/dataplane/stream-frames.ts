@@ -22,7 +22,7 @@
  */
 import { formatIp, parseIpv4, parseIpv6 } from '../domain/cidr.js';
 import { MAX_MESSAGE_BYTES, type MessageParts, type TunnelMessage, wholeOf } from '../transports/tunnel.js';
-import { uuidBytes } from './packet-frames.js';
+import { uuidBytes, uuidText } from './packet-frames.js';
 
 export const KIND_STREAM_OPEN = 2;
 export const KIND_STREAM_OPEN_OK = 3;
@@ -193,11 +193,6 @@ export function encodeFin(id: number): Buffer {
 
 export function encodeRst(id: number): Buffer {
   return header(KIND_STREAM_RST, id, 0);
-}
-
-function uuidText(bytes: Buffer, at: number): string {
-  const h = bytes.toString('hex', at, at + 16);
-  return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
 }
 
 const malformed = (reason: string): DecodedStreamFrame => ({ kind: 'malformed', reason });

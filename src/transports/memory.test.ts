@@ -12,13 +12,13 @@ const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 const eventually = (what: string, check: () => boolean, timeoutMs = 2000) =>
   waitUntil(what, check, timeoutMs, undefined, 2);
 
-function twoPeers() {
+function twoPeers(options: { deadAfterMs?: number } = {}) {
   const network = new MemoryNetwork();
   const directory = new StaticPeerDirectory()
     .set(A, memoryPublicKey(A), 'memory')
     .set(B, memoryPublicKey(B), 'memory');
-  const a = network.transport({ localPeerId: A, directory });
-  const b = network.transport({ localPeerId: B, directory });
+  const a = network.transport({ localPeerId: A, directory, ...options });
+  const b = network.transport({ localPeerId: B, directory, ...options });
   return { network, directory, a, b };
 }
 
@@ -69,12 +69,7 @@ describe('memory transport', { timeout: 30_000 }, () => {
   });
 
   it('silentMs: 0 while connected (every keepalive answered), growing from a partition on', async () => {
-    const network = new MemoryNetwork();
-    const directory = new StaticPeerDirectory()
-      .set(A, memoryPublicKey(A), 'memory')
-      .set(B, memoryPublicKey(B), 'memory');
-    const a = network.transport({ localPeerId: A, directory, deadAfterMs: 5000 });
-    const b = network.transport({ localPeerId: B, directory, deadAfterMs: 5000 });
+    const { network, a, b } = twoPeers({ deadAfterMs: 5000 });
     const tunnel = a.ensure(B);
     assert.equal(tunnel.silentMs(), null, 'null while not up');
     b.ensure(A);
