@@ -6,6 +6,7 @@
  */
 import type { FastifyError, FastifyReply, FastifyRequest } from 'fastify';
 import { ApiError, type ErrorCode, OAuthError } from '../domain/errors.js';
+import { closeInStages } from './staged-close.js';
 
 /**
  * Routes may name a more specific code for a validation failure on one body field, as the API
@@ -56,6 +57,8 @@ export function replyWithError(error: unknown, request: FastifyRequest, reply: F
     return reply.code(400).send({ error: fastifyError.message, code });
   }
   if (fastifyError.code === 'FST_ERR_CTP_BODY_TOO_LARGE') {
+    // Fastify answers with `connection: close` before the body is read.
+    closeInStages(request.raw, reply.raw);
     return reply.code(413).send({ error: 'request body is larger than 1 MiB', code: 'PAYLOAD_TOO_LARGE' });
   }
   // Fastify's request errors (invalid JSON, empty JSON body, prototype poisoning, unsupported

@@ -993,25 +993,11 @@ async function send(
 ): Promise<ApiResponse> {
   const headers: Record<string, string> = { ...r.headers };
   if (r.contentType !== undefined) headers['content-type'] = r.contentType;
-  const attempt = () =>
-    clientFor(agent, ep, r).raw(ep.method, urlFor(ep, ctx), {
-      ...(r.body === undefined ? {} : { body: r.body }),
-      headers,
-      ...(token === undefined ? {} : { token }),
-    });
-  // A body over the limit is refused by its length, before it is read: the agent answers 413
-  // and closes. A client still writing then (the kernel's buffers full, a loaded machine) gets
-  // EPIPE or ECONNRESET, and the answer goes with its socket. Such a request is sent again, at
-  // most three times; an agent that never answers still fails.
-  const oversized = r.body !== undefined && Buffer.byteLength(r.body) > MiB;
-  for (let tries = 1; ; tries++) {
-    try {
-      return await attempt();
-    } catch (err) {
-      const code = (err as NodeJS.ErrnoException).code;
-      if (!oversized || tries === 3 || (code !== 'EPIPE' && code !== 'ECONNRESET')) throw err;
-    }
-  }
+  return clientFor(agent, ep, r).raw(ep.method, urlFor(ep, ctx), {
+    ...(r.body === undefined ? {} : { body: r.body }),
+    headers,
+    ...(token === undefined ? {} : { token }),
+  });
 }
 
 const OAUTH_ERRORS: Record<number, string[]> = {

@@ -184,6 +184,39 @@ describe('health probes and HTTP rules', () => {
     assert.equal(ok.status, 201, ok.text.slice(0, 200));
   });
 
+  it('after an early 413, reads the rest of the body before it closes, so the client keeps the answer', async () => {
+    // The client reads the 413 before it has sent most of its body, then sends the rest. An
+    // agent that closed at once would leave those bytes unread, and its kernel would answer
+    // them with a reset: the client's writes fail and an unread answer is lost.
+    const length = 2 * 1024 * 1024;
+    const socket = net.connect(agent.port, '127.0.0.1');
+    const errors: string[] = [];
+    socket.on('error', (err: NodeJS.ErrnoException) => errors.push(String(err.code)));
+    let received = '';
+    const answered = new Promise<void>((resolve) =>
+      socket.on('data', (d) => {
+        received += d.toString('latin1');
+        if (received.includes('\r\n\r\n')) resolve();
+      }),
+    );
+    const closed = new Promise<void>((resolve) => socket.on('close', () => resolve()));
+    socket.write(
+      `POST /v1/bootstrap HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: ${length}\r\n\r\n`,
+    );
+    socket.write(Buffer.alloc(64 * 1024, 0x20));
+    await answered;
+    assert.match(received, /^HTTP\/1\.1 413 /);
+    const rest = Buffer.alloc(length - 64 * 1024, 0x20);
+    for (let at = 0; at < rest.length && !socket.destroyed; at += 256 * 1024) {
+      await new Promise<void>((resolve) => socket.write(rest.subarray(at, at + 256 * 1024), () => resolve()));
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+    await closed;
+    assert.deepEqual(errors, [], 'the client was reset while it sent the refused body');
+    const body = JSON.parse(received.slice(received.indexOf('\r\n\r\n') + 4));
+    assert.equal(body.code, 'PAYLOAD_TOO_LARGE');
+  });
+
   it('answers 201 for creates, 200 for rotate, 200 {deleted: true} for DELETE', async () => {
     const created = await agent.client.post('/v1/credentials', { json: { scopes: [] }, token: adminToken });
     assert.equal(created.status, 201);
