@@ -24,6 +24,7 @@ import {
   KernelError,
   type KernelPort,
   type KernelState,
+  type RouteQuery,
   type RouteSpec,
   type RuleSpec,
   type Tun,
@@ -663,7 +664,8 @@ describe('kernel port: RecordingKernel and LinuxKernel on one scenario', { timeo
     assert.equal(fake.transcript.length, from + 20);
   });
 
-  it('routeGet: the device a packet leaves by, its carrier, the policy rules by mark, no route', async () => {
+  it('routeGet: the route matched, the device, its carrier, the policy rules by mark, no route', async () => {
+    const one = async (k: KernelPort, q: RouteQuery) => (await k.routeGet([q]))[0] ?? null;
     ip('link', 'add', 'veth-h0', 'type', 'veth', 'peer', 'name', 'veth-h1');
     try {
       ip('link', 'set', 'veth-h0', 'up');
@@ -672,43 +674,55 @@ describe('kernel port: RecordingKernel and LinuxKernel on one scenario', { timeo
       ip('route', 'add', '203.0.113.0/24', 'dev', 'veth-h0', 'table', '777');
       ip('rule', 'add', 'pref', '777', 'fwmark', '0x770000/0xffff0000', 'lookup', '777');
       // By the main table: the default route's device.
-      assert.deepStrictEqual(await real.routeGet({ dst: '198.18.0.1' }), {
+      assert.deepStrictEqual(await one(real, { dst: '198.18.0.1' }), {
         dev: 'veth-x',
         gateway: '192.0.2.1',
+        prefix: '0.0.0.0/0',
         usable: true,
         operstate: 'UP',
       });
       // With the mark, the rule sends it to table 777: veth-h0, which has carrier.
-      const marked = await real.routeGet({ dst: '203.0.113.9', mark: 0x770000 });
+      const marked = await one(real, { dst: '203.0.113.9', mark: 0x770000 });
       assert.equal(marked?.dev, 'veth-h0');
+      assert.equal(marked?.prefix, '203.0.113.0/24');
       assert.equal(marked?.usable, true);
       // The far end goes down: the route is still there, the device has no carrier.
       ip('link', 'set', 'veth-h1', 'down');
       await eventually(
         'no carrier',
         async () =>
-          (await real.routeGet({ dst: '203.0.113.9', mark: 0x770000 }))?.usable === false ? true : undefined,
+          (await one(real, { dst: '203.0.113.9', mark: 0x770000 }))?.usable === false ? true : undefined,
         5000,
       );
-      const dark = await real.routeGet({ dst: '203.0.113.9', mark: 0x770000 });
+      const dark = await one(real, { dst: '203.0.113.9', mark: 0x770000 });
       assert.equal(dark?.dev, 'veth-h0');
       assert.equal(dark?.operstate, 'LOWERLAYERDOWN');
       // The device itself down: its routes go, table 777 is empty and the lookup falls through to
       // main's default route (what an exit's health check must not take for its LAN).
       ip('link', 'set', 'veth-h0', 'down');
-      assert.equal((await real.routeGet({ dst: '203.0.113.9', mark: 0x770000 }))?.dev, 'veth-x');
+      const fellThrough = await one(real, { dst: '203.0.113.9', mark: 0x770000 });
+      assert.equal(fellThrough?.dev, 'veth-x');
+      assert.equal(fellThrough?.prefix, '0.0.0.0/0');
       // An unreachable destination of the other family: no route either.
       ip('-6', 'route', 'add', 'unreachable', 'fd00:777::/64');
-      assert.equal(await real.routeGet({ dst: 'fd00:777::1' }), null);
+      assert.equal(await one(real, { dst: 'fd00:777::1' }), null);
+      // Several at once: one answer each, in order, the refused one null.
+      assert.deepStrictEqual(
+        (await real.routeGet([{ dst: 'fd00:777::1' }, { dst: '198.18.0.1' }, { dst: 'fd00:777::2' }])).map(
+          (a) => a?.dev ?? null,
+        ),
+        [null, 'veth-x', null],
+      );
       // The twin answers from the uplink unless told otherwise.
-      assert.deepStrictEqual(await fake.routeGet({ dst: '198.18.0.1' }), {
+      assert.deepStrictEqual(await one(fake, { dst: '198.18.0.1' }), {
         dev: 'veth-x',
         gateway: '192.0.2.1',
+        prefix: '0.0.0.0/0',
         usable: true,
         operstate: 'UP',
       });
       fake.answerRouteGet('198.18.0.1', null);
-      assert.equal(await fake.routeGet({ dst: '198.18.0.1' }), null);
+      assert.equal(await one(fake, { dst: '198.18.0.1' }), null);
     } finally {
       // Whatever the test got to: each undone if it was done.
       for (const undo of [

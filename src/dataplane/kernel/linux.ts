@@ -348,32 +348,13 @@ export class LinuxKernel implements KernelPort {
     };
   }
 
-  async routeGet(q: RouteQuery): Promise<RouteAnswer | null> {
-    const args = ['-j', 'route', 'get', q.dst];
-    if (q.from !== undefined) args.push('from', q.from);
-    if (q.iif !== undefined) args.push('iif', q.iif);
-    if (q.mark !== undefined) args.push('mark', `0x${q.mark.toString(16)}`);
-    const res = await this.exec(this.ipArgv(args));
-    // No route (unreachable, prohibited, a down device): the kernel's refusal is the answer.
-    if (res.code !== 0) return null;
-    const route = (JSON.parse(res.stdout || '[]') as { dev?: string; gateway?: string; type?: string }[])[0];
-    if (!route?.dev || (route.type !== undefined && route.type !== 'unicast' && route.type !== 'local'))
-      return null;
-    const link = (
-      (await this.ipJson(['-j', 'link', 'show', 'dev', route.dev])) as {
-        operstate?: string;
-        flags?: string[];
-      }[]
-    )[0];
-    const operstate = link?.operstate ?? 'UNKNOWN';
-    const up = link?.flags?.includes('UP') ?? false;
-    const carrier = !(link?.flags?.includes('NO-CARRIER') ?? false);
-    return {
-      dev: route.dev,
-      gateway: route.gateway ?? null,
-      usable: up && carrier && (operstate === 'UP' || operstate === 'UNKNOWN'),
-      operstate,
-    };
+  async routeGet(queries: readonly RouteQuery[]): Promise<(RouteAnswer | null)[]> {
+    if (queries.length === 0) return [];
+    // One run for all of them: the links first (their state), then one lookup per query. With
+    // -force a lookup the kernel refuses (no route) prints nothing and names its line on stderr.
+    const lines = ['link show', ...queries.map(routeGetLine)];
+    const res = await this.exec(this.ipArgv(['-j', '-force', '-batch', '-']), `${lines.join('\n')}\n`);
+    return parseRouteAnswers(queries.length, res.stdout, res.stderr);
   }
 
   /** Reads links with addresses, rules and routes of both families, and the nft table, at once. */
@@ -506,4 +487,77 @@ function ownedRaw(raw: Raw) {
     rules[4].length + rules[6].length + routeTables[4].length + routeTables[6].length + links.length === 0 &&
     raw.nft === null;
   return { rules, tables: routeTables, links, nft: raw.nft !== null, empty };
+}
+
+/** One `ip route get fibmatch` line: the lookup as the kernel does it, answered by the route it matched. */
+function routeGetLine(q: RouteQuery): string {
+  const words = ['route', 'get', 'fibmatch', q.dst];
+  if (q.from !== undefined) words.push('from', q.from);
+  if (q.iif !== undefined) words.push('iif', q.iif);
+  if (q.mark !== undefined) words.push('mark', `0x${q.mark.toString(16)}`);
+  return words.join(' ');
+}
+
+/**
+ * The answers of a `link show` + `route get fibmatch`... batch run with -force: stdout holds the
+ * links, then one document per lookup that succeeded; stderr names the lines that failed
+ * ("Command failed -:N", counting from 1), which are the lookups without a route.
+ */
+export function parseRouteAnswers(count: number, stdout: string, stderr: string): (RouteAnswer | null)[] {
+  const failed = new Set([...stderr.matchAll(/Command failed -:(\d+)/g)].map((m) => Number(m[1])));
+  if (failed.has(1)) throw new KernelError('ip -j link show', stderr);
+  const documents = splitJsonDocuments(stdout);
+  const links = new Map(
+    ((documents[0] ?? []) as { ifname: string; operstate?: string; flags?: string[] }[]).map((l) => [
+      l.ifname,
+      l,
+    ]),
+  );
+  const answers: (RouteAnswer | null)[] = [];
+  let next = 1;
+  for (let line = 2; line < count + 2; line++) {
+    if (failed.has(line)) {
+      answers.push(null);
+      continue;
+    }
+    const route = ((documents[next++] ?? []) as FibMatch[])[0];
+    answers.push(route ? routeAnswer(route, links) : null);
+  }
+  return answers;
+}
+
+interface FibMatch {
+  dst?: string;
+  type?: string;
+  dev?: string;
+  gateway?: string;
+  nexthops?: { dev?: string; gateway?: string }[];
+}
+
+function routeAnswer(
+  route: FibMatch,
+  links: ReadonlyMap<string, { operstate?: string; flags?: string[] }>,
+): RouteAnswer | null {
+  // Routes that refuse (unreachable, blackhole, prohibit) or go nowhere are no route.
+  if (route.type !== undefined && route.type !== 'unicast' && route.type !== 'local') return null;
+  const hop = route.dev !== undefined ? route : route.nexthops?.[0];
+  if (hop?.dev === undefined || route.dst === undefined) return null;
+  const link = links.get(hop.dev);
+  const operstate = link?.operstate ?? 'UNKNOWN';
+  const up = link?.flags?.includes('UP') ?? false;
+  const carrier = !(link?.flags?.includes('NO-CARRIER') ?? false);
+  return {
+    dev: hop.dev,
+    gateway: hop.gateway ?? null,
+    prefix: canonicalPrefix(route.dst, hop.gateway),
+    usable: up && carrier && (operstate === 'UP' || operstate === 'UNKNOWN'),
+    operstate,
+  };
+}
+
+/** `default`, `10.1.2.0/24`, `10.1.2.5` as ip prints a matched route's destination, with its length. */
+function canonicalPrefix(dst: string, gateway: string | undefined): string {
+  const six = dst.includes(':') || (dst === 'default' && gateway?.includes(':') === true);
+  if (dst === 'default') return six ? '::/0' : '0.0.0.0/0';
+  return dst.includes('/') ? dst : `${dst}/${six ? 128 : 32}`;
 }

@@ -129,11 +129,12 @@ export interface KernelPort {
   /** The default-route interface, for --macvlan-parent's default. */
   uplink(): Promise<Uplink | null>;
   /**
-   * What the kernel does with a packet to `dst`, as it arriving on `iif` from `from` with `mark`
-   * would be routed (`ip route get`, the policy rules included): the device it leaves by and
-   * whether that device can carry it now (up, with carrier). Null when there is no route.
+   * What the kernel does with packets to each `dst`, as one arriving on `iif` from `from` with
+   * `mark` would be routed (`ip route get fibmatch`, the policy rules included): the route it
+   * matches, the device it leaves by and whether that device can carry it now (up, with
+   * carrier). Null where there is no route. One answer per query, in order, from one reading.
    */
-  routeGet(query: RouteQuery): Promise<RouteAnswer | null>;
+  routeGet(queries: readonly RouteQuery[]): Promise<(RouteAnswer | null)[]>;
 }
 
 export interface RouteQuery {
@@ -146,6 +147,8 @@ export interface RouteQuery {
 export interface RouteAnswer {
   dev: string;
   gateway: string | null;
+  /** The destination of the route the lookup matched, as a CIDR (a default route: 0.0.0.0/0, ::/0). */
+  prefix: string;
   /** The device is up and has carrier (operstate UP, or UNKNOWN for devices without one). */
   usable: boolean;
   /** The device's operstate, as the kernel names it (UP, DOWN, LOWERLAYERDOWN, UNKNOWN, ...). */

@@ -333,13 +333,22 @@ export class RecordingKernel implements KernelPort {
   }
 
   /** The answer set for the destination, else the uplink, up (a twin with no routing of its own). */
-  async routeGet(q: RouteQuery): Promise<RouteAnswer | null> {
-    this.routeQueries.push(q);
-    if (this.routeAnswers.has(q.dst)) return this.routeAnswers.get(q.dst)!;
-    const u = this.uplinkValue;
-    return u
-      ? { dev: u.dev, gateway: q.dst.includes(':') ? u.gateway6 : u.gateway4, usable: true, operstate: 'UP' }
-      : null;
+  async routeGet(queries: readonly RouteQuery[]): Promise<(RouteAnswer | null)[]> {
+    return queries.map((q) => {
+      this.routeQueries.push(q);
+      if (this.routeAnswers.has(q.dst)) return this.routeAnswers.get(q.dst)!;
+      const u = this.uplinkValue;
+      const six = q.dst.includes(':');
+      return u
+        ? {
+            dev: u.dev,
+            gateway: six ? u.gateway6 : u.gateway4,
+            prefix: six ? '::/0' : '0.0.0.0/0',
+            usable: true,
+            operstate: 'UP',
+          }
+        : null;
+    });
   }
 
   /** Runs one rendered change line by line: one step per line, each may fail with the kernel's words. */
