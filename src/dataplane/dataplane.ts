@@ -20,6 +20,7 @@ import type { Logger } from 'pino';
 import { parsePeerAddress } from '../domain/peer-address.js';
 import { type TunnelMessage, type TunnelTransport, wholeOf } from '../transports/tunnel.js';
 import { diff } from './diff.js';
+import { type ExitDestinations, ExitReach, type ExitReachVerdict } from './exit-reach.js';
 import { HealthTracker, type HealthVerdict } from './health.js';
 import { AGENT_MARK, transparentSocketMark } from './kernel/ownership.js';
 import type { KernelPort, Tun } from './kernel/port.js';
@@ -40,7 +41,12 @@ import {
 import { forwardingProblems, hasNetAdmin } from './requirements.js';
 import { FairShaper } from './shaper.js';
 import { SlotTable } from './slots.js';
-import { decodeServiceStatus, KIND_SERVICE_STATUS, type ServiceStatus } from './status-frames.js';
+import {
+  decodeServiceStatus,
+  encodeServiceStatus,
+  KIND_SERVICE_STATUS,
+  type ServiceStatus,
+} from './status-frames.js';
 import { isStreamKind } from './stream-frames.js';
 import { emptyStats, type StreamEnds, StreamMux, type StreamStats } from './streams.js';
 import { TcpFlowTable } from './tcp-flows.js';
@@ -143,6 +149,10 @@ export interface ServiceDataPlaneStatus {
    * where this agent is not the exit of a transparent service.
    */
   transparent: { ready: boolean; reasons: string[] } | null;
+  /** At the ingress: the failover verdict on the service (health.ts), times as wall-clock ms. */
+  health: HealthVerdict | null;
+  /** At the exit: whether it can forward toward every route's destination (exit-reach.ts); null before its first check. */
+  exitReach: ExitReachVerdict | null;
 }
 
 interface Carried {
@@ -184,6 +194,8 @@ export interface DataPlaneFootprint {
 
 /** How long an exit waits for a destination to accept a stream's connection. */
 const EXIT_CONNECT_TIMEOUT_MS = 10_000;
+/** How often an exit repeats an unchanged status to its ingress (a lost one is made good). */
+const STATUS_REPEAT_MS = 2000;
 /** How long the probe from the MACVLAN address (after a transparent connection got no answer) waits. */
 const RETURN_PATH_PROBE_MS = 3000;
 
@@ -216,6 +228,16 @@ function packetFlow(p: Buffer): number {
   mix(proto ?? 0);
   if (proto === 6 || proto === 17) for (let i = l4; i < l4 + 4 && i < p.length; i++) mix(p[i]!);
   return h;
+}
+
+/** A verdict's times (performance.now() ms) as wall-clock ms since the epoch. */
+function wallClock(v: HealthVerdict): HealthVerdict {
+  const shift = Date.now() - performance.now();
+  return {
+    ...v,
+    since: Math.round(v.since + shift),
+    holdDownUntil: v.holdDownUntil === null ? null : Math.round(v.holdDownUntil + shift),
+  };
 }
 
 const zeroCounters = (): ServiceCounters => ({
@@ -255,6 +277,11 @@ export class DataPlane {
   private readonly everUp = new Set<string>();
   /** The exits' word on their services (status-frames.ts), by service. */
   private readonly exitStatus = new Map<string, ServiceStatus>();
+  /** At the exit: whether it can forward each service's traffic (exit-reach.ts). */
+  private readonly exitReach = new ExitReach();
+  /** At the exit: what it last told each service's ingress, and when (status-frames.ts). */
+  private readonly exitToldIngress = new Map<string, { status: ServiceStatus; at: number }>();
+  private exitCheckRunning = false;
   /** Ingress services standing aside (health.ts): their routes rank last (plan.ts routeOrder). */
   private standby: ReadonlySet<string> = new Set();
   /** Services that stepped aside since the last reconcile: their streams are looked at after it. */
@@ -582,7 +609,10 @@ export class DataPlane {
     await this.settle();
     this.timer = setInterval(() => this.schedule(), this.options.reconcileIntervalMs ?? 10_000);
     this.timer.unref();
-    this.healthTimer = setInterval(() => this.judgeHealth(), this.failover.intervalMs);
+    this.healthTimer = setInterval(() => {
+      this.judgeHealth();
+      void this.checkExits();
+    }, this.failover.intervalMs);
     this.healthTimer.unref();
   }
 
@@ -628,6 +658,8 @@ export class DataPlane {
         counters: this.counters.get(serviceId) ?? zeroCounters(),
         streams: this.streamStats(serviceId),
         transparent: null,
+        health: null,
+        exitReach: null,
       };
     }
     const tunnel = this.tunnelOf(c.service);
@@ -655,6 +687,15 @@ export class DataPlane {
       counters: c.counters,
       streams: this.streamStats(serviceId),
       transparent: this.transparent.readiness(serviceId),
+      health:
+        c.service.role === 'ingress' ? wallClock(this.health.verdict(serviceId, performance.now())) : null,
+      exitReach:
+        c.service.role === 'exit'
+          ? (() => {
+              const told = this.exitToldIngress.get(serviceId)?.status;
+              return told ? { canForward: told.canForward === true, detail: told.detail } : null;
+            })()
+          : null,
     };
   }
 
@@ -1045,6 +1086,8 @@ export class DataPlane {
       const id = c.service.serviceId;
       const silent = this.tunnelOf(c.service)?.silentMs() ?? null;
       if (silent !== null) this.everUp.add(id);
+      // The exit's word is about the tunnel it came by: a new tunnel waits for a new word.
+      else this.exitStatus.delete(id);
       const status = this.exitStatus.get(id);
       const change = this.health.observe(
         id,
@@ -1083,6 +1126,72 @@ export class DataPlane {
         this.options.logger.info({ service: id }, 'service carries its routes again');
     this.standby = standby;
     this.schedule();
+  }
+
+  /**
+   * At the exit: asks the kernel whether each exit service's traffic can leave toward its routes'
+   * destinations (exit-reach.ts), and tells the service's ingress (status-frames.ts) when that
+   * changes and every STATUS_REPEAT_MS, so that a new tunnel hears it soon. Logged once per change.
+   */
+  private async checkExits(): Promise<void> {
+    const view = this.view;
+    if (this.stopped || !this.flushed || this.exitCheckRunning || !view) return;
+    const exits = [...this.carried.values()].filter((c) => c.service.role === 'exit');
+    const services: ExitDestinations[] = exits.map((c) => ({
+      serviceId: c.service.serviceId,
+      destinations: [
+        ...new Set(view.routes.filter((r) => r.serviceId === c.service.serviceId).map((r) => r.destCidr)),
+      ]
+        // A route without a destination selects everything: there is no one destination to check.
+        .filter((cidr): cidr is string => cidr !== null)
+        .map((cidr) => {
+          const from = this.macvlanAddress(c, cidr.includes(':') ? 6 : 4);
+          return from === undefined ? { cidr } : { cidr, from };
+        }),
+    }));
+    this.exitCheckRunning = true;
+    let verdicts: Map<string, ExitReachVerdict>;
+    try {
+      verdicts = this.exitReach.judge(
+        services,
+        await this.options.kernel.routeGet(this.exitReach.queries(services)),
+      );
+    } catch (err) {
+      this.options.logger.warn({ err }, 'data plane: the exit route check could not ask the kernel');
+      return;
+    } finally {
+      this.exitCheckRunning = false;
+    }
+    const now = performance.now();
+    for (const c of exits) {
+      const id = c.service.serviceId;
+      const verdict = verdicts.get(id);
+      const tunnel = this.tunnelOf(c.service);
+      if (!verdict || this.carried.get(id) !== c) continue;
+      const status: ServiceStatus = {
+        serviceId: id,
+        canForward: verdict.canForward,
+        probePassing: null,
+        detail: verdict.detail,
+      };
+      const told = this.exitToldIngress.get(id);
+      const changed = told?.status.canForward !== status.canForward || told.status.detail !== status.detail;
+      if (status.canForward !== (told?.status.canForward ?? true)) {
+        if (status.canForward)
+          this.options.logger.info({ service: id }, 'exit can forward the service again');
+        else
+          this.options.logger.warn({ service: id, detail: status.detail }, 'exit cannot forward the service');
+      }
+      if (tunnel?.state !== 'up') {
+        // Told again as soon as a tunnel is up.
+        this.exitToldIngress.set(id, { status, at: Number.NEGATIVE_INFINITY });
+        continue;
+      }
+      if (told !== undefined && !changed && now - told.at < STATUS_REPEAT_MS) continue;
+      tunnel.send([encodeServiceStatus(status)]);
+      this.exitToldIngress.set(id, { status, at: now });
+    }
+    for (const id of this.exitToldIngress.keys()) if (!verdicts.has(id)) this.exitToldIngress.delete(id);
   }
 
   /** The exit's word on a service this agent is the ingress of; judged at the next interval. */

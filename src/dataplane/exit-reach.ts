@@ -1,0 +1,95 @@
+/**
+ * The exit's own check that it can forward a service's traffic (failover, docs/dataplane.md):
+ * for each of the service's route destinations, the kernel's route toward it must leave by a
+ * device that is up, with carrier. Its verdict travels to the ingress in a status message
+ * (status-frames.ts). Pure: the kernel's answers come in, verdicts go out.
+ *
+ * A lookup that succeeds is not enough. When the device of a LAN goes down, its connected route
+ * goes with it and the lookup falls through to a broader route, usually the default route out of
+ * the uplink: the kernel would send the LAN's traffic to the internet (tailscale#16357 is an exit
+ * that kept its traffic so). So each destination remembers the most specific route it has been
+ * reached by since the service's routes were set; a lookup that now matches a less specific one
+ * means that route is gone. A destination first seen through the default route (an exit to the
+ * internet for a public prefix) keeps counting it as its route.
+ */
+import type { RouteAnswer, RouteQuery } from './kernel/port.js';
+
+export interface ExitDestinations {
+  serviceId: string;
+  /**
+   * Its routes' destination CIDRs, each with the address its traffic leaves from when that is
+   * not the kernel's choice (a MACVLAN's, of the destination's family).
+   */
+  destinations: readonly { cidr: string; from?: string }[];
+}
+
+export interface ExitReachVerdict {
+  canForward: boolean;
+  /** What failed, for people: empty when it can forward. */
+  detail: string;
+}
+
+export class ExitReach {
+  /** Per service, per destination CIDR: the longest matched prefix seen while usable. */
+  private readonly best = new Map<string, Map<string, number>>();
+
+  /** The lookups to ask the kernel for these services, in order (judge() takes their answers). */
+  queries(services: readonly ExitDestinations[]): RouteQuery[] {
+    return services.flatMap((s) =>
+      s.destinations.map((d) => ({
+        dst: lookupAddress(d.cidr),
+        ...(d.from !== undefined ? { from: d.from } : {}),
+      })),
+    );
+  }
+
+  /**
+   * Judges each service from the answers to queries(services), in the same order. Forgets the
+   * services and destinations not in `services` (their routes changed or went).
+   */
+  judge(
+    services: readonly ExitDestinations[],
+    answers: readonly (RouteAnswer | null)[],
+  ): Map<string, ExitReachVerdict> {
+    const verdicts = new Map<string, ExitReachVerdict>();
+    let at = 0;
+    for (const s of services) {
+      let best = this.best.get(s.serviceId);
+      if (!best) {
+        best = new Map();
+        this.best.set(s.serviceId, best);
+      }
+      for (const cidr of best.keys()) if (!s.destinations.some((d) => d.cidr === cidr)) best.delete(cidr);
+      const failures: string[] = [];
+      for (const d of s.destinations) {
+        const answer = answers[at++] ?? null;
+        const failure = this.failure(best, d.cidr, answer);
+        if (failure) failures.push(failure);
+      }
+      verdicts.set(s.serviceId, { canForward: failures.length === 0, detail: failures.join('; ') });
+    }
+    for (const id of this.best.keys()) if (!verdicts.has(id)) this.best.delete(id);
+    return verdicts;
+  }
+
+  private failure(best: Map<string, number>, cidr: string, answer: RouteAnswer | null): string | null {
+    if (!answer) return `no route toward ${cidr}`;
+    if (!answer.usable) return `${cidr}: ${answer.dev} is ${answer.operstate.toLowerCase()}`;
+    const length = prefixLength(answer.prefix);
+    const seen = best.get(cidr);
+    if (seen !== undefined && length < seen)
+      return `${cidr}: its /${seen} route is gone, the kernel would use ${answer.prefix} via ${answer.dev}`;
+    best.set(cidr, length);
+    return null;
+  }
+}
+
+/** The address to look a destination CIDR up by: its first. 0.0.0.0 means "any" to the kernel. */
+function lookupAddress(cidr: string): string {
+  const address = cidr.split('/')[0]!;
+  return address === '0.0.0.0' ? '0.0.0.1' : address;
+}
+
+function prefixLength(prefix: string): number {
+  return Number(prefix.split('/')[1]);
+}
