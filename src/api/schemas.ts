@@ -247,12 +247,56 @@ const serviceCommon = {
 
 export const ServiceListItem = Type.Object({ ...serviceCommon, route_count: Type.Integer() });
 
+const StandbyReason = Type.Union(
+  ['inactive', 'tunnel_silent', 'exit_no_route', 'probe_failed', 'unknown', 'hold_down'].map((v) =>
+    Type.Literal(v),
+  ),
+);
+
 export const ServiceRouteItem = Type.Object({
   id: Type.Integer(),
   priority: Type.Integer(),
   source_cidr: NullableString,
   dest_cidr: NullableString,
+  active: Type.Optional(
+    Type.Boolean({
+      description:
+        "extension, on the service's ingress agent when it runs a data plane: whether the route takes its " +
+        'traffic now; false while its service stands aside (failover, docs/dataplane.md)',
+    }),
+  ),
+  standby_reason: Type.Optional(
+    Type.Union([StandbyReason, Type.Null()], {
+      description:
+        "why the route stands aside (its service's health reason, unknown before the tunnel first answered, " +
+        'hold_down while it waits out the failback hold-down); null while active',
+    }),
+  ),
 });
+
+/** Extension (docs/dataplane.md, failover): the service's health as its ingress judges it. */
+export const ServiceHealth = Type.Object(
+  {
+    state: Type.Union(['healthy', 'unhealthy', 'unknown'].map((v) => Type.Literal(v))),
+    reason: Type.Union(
+      [
+        ...['inactive', 'tunnel_silent', 'exit_no_route', 'probe_failed'].map((v) => Type.Literal(v)),
+        Type.Null(),
+      ],
+      { description: 'why unhealthy: the first failing check' },
+    ),
+    since: Type.String({ format: 'date-time', description: 'when the state last changed' }),
+    carrying: Type.Boolean({ description: "whether the service's routes take their traffic now" }),
+    hold_down_until: Type.Union([Type.String({ format: 'date-time' }), Type.Null()], {
+      description: 'healthy again and waiting out the hold-down: when it carries again',
+    }),
+  },
+  {
+    description:
+      "extension, on the service's ingress agent when it runs a data plane: failover's verdict on the service " +
+      '(docs/dataplane.md); null on other agents',
+  },
+);
 
 /** Extra field (docs/decisions.md §7): this agent's own view of the service's traffic; not replicated. */
 export const ServiceDataPlane = Type.Object(
@@ -295,6 +339,14 @@ export const ServiceDataPlane = Type.Object(
       description: 'streams ended by a reset (either side, or a tunnel that died)',
     }),
     streams_refused: Type.Integer({ description: 'streams whose destination could not be reached' }),
+    can_forward: Type.Union([Type.Boolean(), Type.Null()], {
+      description:
+        "at the exit: whether its kernel has a usable route toward every route's destination (failover, " +
+        'docs/dataplane.md), as it tells the ingress; null elsewhere and before its first check',
+    }),
+    forward_problem: Type.Union([Type.String(), Type.Null()], {
+      description: 'at the exit, when can_forward is false: which destination has no usable route, and why',
+    }),
   },
   { description: "this agent's view of the service's data plane (not replicated)" },
 );
@@ -304,6 +356,7 @@ export const ServiceSingle = Type.Object({
   routes: Type.Array(ServiceRouteItem),
   /** Present only on an agent that runs a data plane (`--dataplane`). */
   dataplane: Type.Optional(ServiceDataPlane),
+  health: Type.Optional(Type.Union([ServiceHealth, Type.Null()])),
   transparent_ready: Type.Optional(
     Type.Union([Type.Boolean(), Type.Null()], {
       description:

@@ -116,5 +116,27 @@ export function dataplaneView(status: ServiceDataPlaneStatus) {
     stream_bytes_down: status.streams.bytesDown,
     streams_reset: status.streams.resets,
     streams_refused: status.streams.refused,
+    can_forward: status.exitReach?.canForward ?? null,
+    forward_problem: status.exitReach && !status.exitReach.canForward ? status.exitReach.detail : null,
+  };
+}
+
+/**
+ * The failover fields of a service on an agent that runs a data plane: `health` (null where
+ * this agent is not its ingress) and, at the ingress, each route's `active` and `standby_reason`.
+ */
+export function failoverView<R extends object>(status: ServiceDataPlaneStatus, routes: readonly R[]) {
+  const h = status.health;
+  if (!h) return { health: null, routes };
+  const iso = (ms: number) => new Date(ms).toISOString();
+  return {
+    health: {
+      state: h.state,
+      reason: h.reason,
+      since: iso(h.since),
+      carrying: h.carrying,
+      hold_down_until: h.holdDownUntil === null ? null : iso(h.holdDownUntil),
+    },
+    routes: routes.map((r) => ({ ...r, active: h.carrying, standby_reason: h.standbyReason })),
   };
 }

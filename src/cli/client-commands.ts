@@ -184,11 +184,31 @@ const serviceTable = (services: Obj[]) =>
     ]),
   );
 
+/** Where a route stands at its ingress (failover): `active`, `standby (reason)`; '' where not known. */
+const routeStanding = (r: Obj): string =>
+  r.active === undefined ? '' : r.active ? 'active' : `standby (${cell(r.standby_reason)})`;
+
 const routeTable = (routes: Obj[]) =>
-  renderTable(
-    ['ID', 'PRIORITY', 'SOURCE', 'DEST'],
-    routes.map((r) => [r.id, r.priority, r.source_cidr, r.dest_cidr]),
-  );
+  routes.some((r) => r.active !== undefined)
+    ? renderTable(
+        ['ID', 'PRIORITY', 'SOURCE', 'DEST', 'NOW'],
+        routes.map((r) => [r.id, r.priority, r.source_cidr, r.dest_cidr, routeStanding(r)]),
+      )
+    : renderTable(
+        ['ID', 'PRIORITY', 'SOURCE', 'DEST'],
+        routes.map((r) => [r.id, r.priority, r.source_cidr, r.dest_cidr]),
+      );
+
+/** A service's failover health in one line, as its ingress judges it (status and services get). */
+function healthLine(h: Obj): string {
+  const state = h.state === 'unhealthy' ? `unhealthy (${cell(h.reason)})` : cell(h.state);
+  const carrying = h.carrying
+    ? 'carrying its routes'
+    : h.hold_down_until
+      ? `standing aside until ${cell(h.hold_down_until)} (hold-down)`
+      : 'standing aside: its routes yield to the next';
+  return `${state} since ${cell(h.since)}, ${carrying}`;
+}
 
 const credentialTable = (creds: Obj[]) =>
   renderTable(
@@ -213,7 +233,7 @@ function trafficLine(dp: Obj): string {
 }
 
 function serviceDetail(s: Obj): string {
-  const { routes, dataplane, transparent_reasons, ...rest } = s;
+  const { routes, dataplane, transparent_reasons, health, ...rest } = s;
   const parts = [
     renderObject({ ...rest, ...(transparent_reasons !== undefined ? { transparent_reasons } : {}) }),
   ];
@@ -222,6 +242,8 @@ function serviceDetail(s: Obj): string {
     'ROUTES',
     Array.isArray(routes) && routes.length > 0 ? routeTable(routes as Obj[]) : '(none)',
   );
+  if (health && typeof health === 'object')
+    parts.push('', 'HEALTH (at this ingress)', healthLine(health as Obj));
   if (dataplane && typeof dataplane === 'object') {
     parts.push('', 'DATA PLANE (this agent)', renderObject(dataplane as Obj));
   }
@@ -743,11 +765,15 @@ export function renderStatus({ identity, license, peers: peerList, services: det
           : '  state - (no data plane on this agent)'),
     );
     if (dp) lines.push(`    traffic  ${trafficLine(dp)}`);
+    if (svc.health && typeof svc.health === 'object')
+      lines.push(`    health   ${healthLine(svc.health as Obj)}`);
+    if (dp?.can_forward === false) lines.push(`    exit     cannot forward: ${cell(dp.forward_problem)}`);
     const rs = Array.isArray(svc.routes) ? (svc.routes as Obj[]) : [];
     if (rs.length === 0) lines.push('    routes   (none)');
     for (const r of rs) {
       lines.push(
-        `    route ${cell(r.id)}  priority ${cell(r.priority)}  ${cell(r.source_cidr)} -> ${cell(r.dest_cidr)}`,
+        `    route ${cell(r.id)}  priority ${cell(r.priority)}  ${cell(r.source_cidr)} -> ${cell(r.dest_cidr)}` +
+          (r.active === undefined ? '' : `  ${routeStanding(r)}`),
       );
     }
   }

@@ -71,4 +71,64 @@ describe('client tables', () => {
     );
     assert.match(text, /^ {4}route 7 {2}priority 10 {2}- -> 10\.9\.0\.0\/16$/m);
   });
+
+  it('status shows which routes carry at their ingress and why the others stand aside', () => {
+    const service = (
+      id: string,
+      health: Record<string, unknown>,
+      active: boolean,
+      reason: string | null,
+    ) => ({
+      id,
+      source_peer_id: 'p1',
+      target_peer_id: 'p2',
+      transport_type: 'tcp',
+      is_active: true,
+      health,
+      routes: [
+        { id: 7, priority: 10, source_cidr: null, dest_cidr: '10.9.0.0/16', active, standby_reason: reason },
+      ],
+      dataplane: { role: 'ingress', state: 'up', problem: null },
+    });
+    const text = renderStatus({
+      identity: { cluster_id: 'c1', peer_id: 'p1', version: '1', license_id: 'L' },
+      license: null,
+      peers: [],
+      services: [
+        service(
+          's1',
+          {
+            state: 'unhealthy',
+            reason: 'exit_no_route',
+            since: 'T1',
+            carrying: false,
+            hold_down_until: null,
+          },
+          false,
+          'exit_no_route',
+        ),
+        service(
+          's2',
+          { state: 'healthy', reason: null, since: 'T2', carrying: false, hold_down_until: 'T3' },
+          false,
+          'hold_down',
+        ),
+        service(
+          's3',
+          { state: 'healthy', reason: null, since: 'T4', carrying: true, hold_down_until: null },
+          true,
+          null,
+        ),
+      ],
+    });
+    assert.match(
+      text,
+      /^ {4}health {3}unhealthy \(exit_no_route\) since T1, standing aside: its routes yield to the next$/m,
+    );
+    assert.match(text, /^ {4}route 7 {2}priority 10 {2}- -> 10\.9\.0\.0\/16 {2}standby \(exit_no_route\)$/m);
+    assert.match(text, /^ {4}health {3}healthy since T2, standing aside until T3 \(hold-down\)$/m);
+    assert.match(text, /standby \(hold_down\)$/m);
+    assert.match(text, /^ {4}health {3}healthy since T4, carrying its routes$/m);
+    assert.match(text, /-> 10\.9\.0\.0\/16 {2}active$/m);
+  });
 });

@@ -23,6 +23,7 @@ import {
 } from '../schemas.js';
 import {
   dataplaneView,
+  failoverView,
   routeView,
   serviceCreatedView,
   serviceListView,
@@ -128,7 +129,12 @@ export function registerServiceRoutes(app: FastifyInstance, deps: AppDeps): void
       // The extra fields exist only where a data plane runs (an agent with --dataplane off has none).
       const status = deps.dataplaneStatus?.(service.id);
       if (!status) return single;
-      return { ...single, ...transparentReadinessView(service, status), dataplane: dataplaneView(status) };
+      return {
+        ...single,
+        ...failoverView(status, single.routes),
+        ...transparentReadinessView(service, status),
+        dataplane: dataplaneView(status),
+      };
     },
   );
 
