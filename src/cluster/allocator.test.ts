@@ -3,6 +3,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
+import { serviceRecord } from '../../test/helpers/service-record.js';
 import { isoTime, ManualClock } from '../domain/clock.js';
 import { ApiError, type ErrorCode } from '../domain/errors.js';
 import { ADMIN } from '../domain/scopes.js';
@@ -51,23 +52,8 @@ function peer(peerId: string, over: Partial<PeerRecord> = {}): PeerRecord {
   };
 }
 
-function service(serviceId: string, source: string, target: string): ServiceRecord {
-  return {
-    id: serviceId,
-    sourcePeerId: source,
-    targetPeerId: target,
-    transportType: 'tcp',
-    requiresInterface: false,
-    desiredIpv4Cidr: null,
-    desiredIpv6Cidr: null,
-    fullyTransparent: false,
-    bandwidthLimitMbps: 0,
-    version: 1,
-    createdAt: isoTime(T0),
-    updatedAt: isoTime(T0),
-    vkey: '',
-    createdStamp: '',
-  };
+function service(id: string, sourcePeerId: string, targetPeerId: string): ServiceRecord {
+  return serviceRecord({ id, sourcePeerId, targetPeerId });
 }
 
 /** A bootstrapped store whose local peer is LOCAL, plus `others` peers, under the given limits. */

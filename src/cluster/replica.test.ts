@@ -581,6 +581,54 @@ describe('Replica: merge rules', { timeout: 60_000 }, () => {
     assertConverged([a, b, c]);
   });
 
+  it("health_check travels on create, change and removal; an older agent's record reads as none", async () => {
+    const [a, b] = cluster(2) as [Node, Node];
+    let created!: ServiceRecord;
+    const create = await changes(a, async () => {
+      created = await a.config.create({ ...serviceInput(a, b), health_check: { tcp: '[FD00::1]:443' } });
+    });
+    b.replica.apply(create);
+    assert.deepEqual(b.store.service(created.id)?.healthCheck, {
+      tcp: '[fd00::1]:443',
+      interval_ms: 1000,
+      failures: 3,
+    });
+    const change = await changes(a, () =>
+      a.config.update(created.id, { health_check: { icmp: '10.1.2.3', failures: 5 } }),
+    );
+    assert.equal(b.replica.apply(change).applied.length, 1);
+    assert.deepEqual(b.store.service(created.id)?.healthCheck, {
+      icmp: '10.1.2.3',
+      interval_ms: 1000,
+      failures: 5,
+    });
+    // The same check again changes nothing: no write, nothing to replicate.
+    assert.deepEqual(
+      await changes(a, () =>
+        a.config.update(created.id, { health_check: { icmp: '10.1.2.3', failures: 5 } }),
+      ),
+      [],
+    );
+    const removal = await changes(a, () => a.config.update(created.id, { health_check: null }));
+    b.replica.apply(removal);
+    assert.equal(b.store.service(created.id)?.healthCheck, null);
+    assertConverged([a, b]);
+
+    // A record as an agent before the field writes it: no health_check at all.
+    a.clock.advance(10);
+    const [later] = await changes(a, () => a.config.update(created.id, { bandwidth_limit_mbps: 3 }));
+    const { health_check: _none, ...older } = later!.body!;
+    assert.deepEqual(b.replica.apply([{ ...later!, body: older }]).malformed, 0);
+    assert.equal(b.store.service(created.id)?.bandwidthLimitMbps, 3);
+    assert.equal(b.store.service(created.id)?.healthCheck, null);
+    // A malformed one is refused whole.
+    a.clock.advance(10);
+    const [next] = await changes(a, () => a.config.update(created.id, { bandwidth_limit_mbps: 4 }));
+    const bad = { ...next!, body: { ...next!.body, health_check: { tcp: 'exit.example:443' } } };
+    assert.deepEqual(b.replica.apply([bad]), { applied: [], malformed: 1 });
+    assert.equal(b.store.service(created.id)?.bandwidthLimitMbps, 3);
+  });
+
   it('a deletion beats a concurrent update stamped later', async () => {
     // b's clock runs 20 s ahead: its update carries the later stamp, and still loses.
     const [a, b] = cluster(2, { offsets: [0, 20_000] }) as [Node, Node];

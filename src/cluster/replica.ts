@@ -20,6 +20,7 @@
  */
 import { createHash } from 'node:crypto';
 import { type Clock, isoTime } from '../domain/clock.js';
+import { parseHealthCheck } from '../domain/health-check.js';
 import { checkRoute, checkService } from '../domain/service-rules.js';
 import type { ClusterSecretRecord, PeerRecord, RouteRecord, ServiceRecord } from '../store/records.js';
 import type { Store } from '../store/store.js';
@@ -322,8 +323,9 @@ export class Replica {
       }
       case 'service': {
         const body = r.body as unknown as ServiceBody;
-        const service = fromServiceBody(body, r.vkey);
+        let service: ServiceRecord;
         try {
+          service = fromServiceBody(body, r.vkey);
           checkService(service);
         } catch {
           return 'malformed';
@@ -464,6 +466,7 @@ export function serviceRecord(s: ServiceRecord): WireRecord {
     desired_ipv6_cidr: s.desiredIpv6Cidr,
     fully_transparent: s.fullyTransparent,
     bandwidth_limit_mbps: s.bandwidthLimitMbps,
+    health_check: s.healthCheck,
     version: s.version,
     created_at: s.createdAt,
     updated_at: s.updatedAt,
@@ -483,6 +486,8 @@ function fromServiceBody(b: ServiceBody, vkey: string): ServiceRecord {
     desiredIpv6Cidr: b.desired_ipv6_cidr,
     fullyTransparent: b.fully_transparent,
     bandwidthLimitMbps: b.bandwidth_limit_mbps,
+    // Canonical again, whatever form the sender wrote; throws on a malformed one.
+    healthCheck: b.health_check == null ? null : parseHealthCheck(b.health_check),
     version: b.version,
     createdAt: b.created_at,
     updatedAt: b.updated_at,

@@ -51,6 +51,7 @@ const serviceRow = (over: Partial<ServiceRecord> = {}): ServiceRecord => ({
   desiredIpv6Cidr: null,
   fullyTransparent: false,
   bandwidthLimitMbps: 100,
+  healthCheck: { tcp: '10.1.0.9:443', interval_ms: 1000, failures: 3 },
   version: 3,
   createdAt: T,
   updatedAt: T,
@@ -106,6 +107,18 @@ describe('isWellFormed accepts records built from real rows', { timeout: 30_000 
     assert.equal(isWellFormed(serviceRecord(serviceRow())), true);
     const plain = serviceRow({ requiresInterface: false, desiredIpv4Cidr: null, transportType: 'kcp' });
     assert.equal(isWellFormed(serviceRecord(plain)), true);
+  });
+
+  it('service with each kind of health_check, with none, and from an agent before the field', () => {
+    const icmp = serviceRow({ healthCheck: { icmp: 'fd00::1', interval_ms: 100, failures: 10 } });
+    assert.equal(isWellFormed(serviceRecord(icmp)), true);
+    const none = serviceRecord(serviceRow({ healthCheck: null }));
+    assert.equal(none.body!.health_check, null);
+    assert.equal(isWellFormed(none), true);
+    const { health_check: _absent, ...older } = none.body!;
+    assert.equal(isWellFormed({ ...none, body: older }), true);
+    // Defaults left out by the sender: well formed (the receiver fills them in).
+    assert.equal(isWellFormed(withField(none, 'health_check', { tcp: '[fd00::1]:443' })), true);
   });
 
   it('route', () => {
@@ -307,6 +320,16 @@ describe('isWellFormed refuses', { timeout: 30_000 }, () => {
       desired_ipv6_cidr: [undefined, 6, true],
       fully_transparent: [undefined, null, 'no'],
       bandwidth_limit_mbps: [undefined, -1, 0.5, '100', null],
+      health_check: [
+        {},
+        'tcp:10.1.0.9:443',
+        [],
+        false,
+        { tcp: '10.1.0.9:443', icmp: '10.1.0.9' },
+        { tcp: 'exit.example:443' },
+        { icmp: '10.1.0.9', failures: 0 },
+        { icmp: '10.1.0.9', interval_ms: 10 },
+      ],
       version: [undefined, -1, 2.5],
       created_at: [undefined, 'soon'],
       updated_at: [undefined, 'soon', null],
@@ -356,6 +379,8 @@ describe('isWellFormed refuses', { timeout: 30_000 }, () => {
           const good = goods[kind]!;
           const fields = Object.keys(good.body!);
           const field = fields[pick % fields.length]!;
+          // Optional: agents that predate it send none.
+          if (field === 'health_check' && value === undefined) return;
           assert.equal(isWellFormed(withField(good, field, value)), false, `${kind}.${field}`);
         },
       ),

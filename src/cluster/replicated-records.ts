@@ -17,6 +17,7 @@
  * same state, in whatever order and however often they arrived. Since a vkey is issued once and
  * names one value, comparing vkeys is enough to compare states (digests carry only vkeys).
  */
+import { type HealthCheck, readHealthCheck } from '../domain/health-check.js';
 import { decodeStamp } from './hlc.js';
 
 export type RecordKind = 'peer' | 'service' | 'route' | 'cluster' | 'credential';
@@ -108,6 +109,11 @@ export interface ServiceBody {
   desired_ipv6_cidr: string | null;
   fully_transparent: boolean;
   bandwidth_limit_mbps: number;
+  /**
+   * Absent from the records of agents that predate the field (docs/decisions.md §7): read as
+   * null, no check.
+   */
+  health_check?: HealthCheck | null;
   version: number;
   created_at: string;
   updated_at: string;
@@ -183,6 +189,7 @@ const SERVICE_FIELDS: Record<string, Check> = {
   desired_ipv6_cidr: strOrNull,
   fully_transparent: bool,
   bandwidth_limit_mbps: int,
+  health_check: (v) => v === undefined || v === null || 'check' in readHealthCheck(v),
   version: int,
   created_at: time,
   updated_at: time,

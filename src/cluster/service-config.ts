@@ -8,6 +8,7 @@
  */
 import { type Clock, isoTime } from '../domain/clock.js';
 import { ApiError, invalidRequest, notFound } from '../domain/errors.js';
+import { type HealthCheck, parseHealthCheck, sameHealthCheck } from '../domain/health-check.js';
 import { newRouteId, newServiceId } from '../domain/ids.js';
 import {
   checkRoute,
@@ -31,6 +32,8 @@ export interface ServiceCreate {
   desired_ipv6_cidr?: string | null;
   fully_transparent?: boolean;
   bandwidth_limit_mbps?: number;
+  /** Absent or null: no check. Checked here (domain/health-check.ts), whatever the caller checked. */
+  health_check?: unknown;
 }
 
 export interface ServiceUpdate {
@@ -38,6 +41,8 @@ export interface ServiceUpdate {
   desired_ipv4_cidr?: string | null;
   desired_ipv6_cidr?: string | null;
   bandwidth_limit_mbps?: number;
+  /** Absent: unchanged; null: removed; otherwise replaced whole. */
+  health_check?: unknown;
   // Fields fixed at creation: accepted only with their current value, so that a request to
   // change them is refused instead of silently ignored.
   transport_type?: string;
@@ -85,6 +90,7 @@ export class ServiceConfig {
       fullyTransparent: input.fully_transparent ?? false,
     };
     const cidrs = checkService(shape);
+    const healthCheck = healthCheckInput(input.health_check) ?? null;
     const now = isoTime(this.clock.now());
     const unstamped = {
       id: newServiceId(),
@@ -92,6 +98,7 @@ export class ServiceConfig {
       ...cidrs,
       transportType: shape.transportType as TransportType,
       bandwidthLimitMbps: input.bandwidth_limit_mbps ?? 0,
+      healthCheck,
       version: 1,
       createdAt: now,
       updatedAt: now,
@@ -132,6 +139,7 @@ export class ServiceConfig {
     // What the body gets wrong on its own is a 400 before any lookup (docs/decisions.md §3 order).
     interfaceCidr(input.desired_ipv4_cidr ?? null, 4, 'desired_ipv4_cidr');
     interfaceCidr(input.desired_ipv6_cidr ?? null, 6, 'desired_ipv6_cidr');
+    const healthCheck = healthCheckInput(input.health_check);
     return this.store.transaction(() => {
       const current = this.store.service(id);
       // Changing a fixed field is a 400 that needs the current value, so it follows the 404.
@@ -155,6 +163,7 @@ export class ServiceConfig {
         desiredIpv6Cidr:
           input.desired_ipv6_cidr === undefined ? current.desiredIpv6Cidr : input.desired_ipv6_cidr,
         bandwidthLimitMbps: input.bandwidth_limit_mbps ?? current.bandwidthLimitMbps,
+        healthCheck: healthCheck === undefined ? current.healthCheck : healthCheck,
       };
       // Turning the interface off clears addresses the request did not name, rather than refuse.
       if (input.requires_interface === false) {
@@ -163,9 +172,10 @@ export class ServiceConfig {
       }
       const cidrs = checkService(next);
       const candidate = { ...next, ...cidrs };
-      const changed = (
-        ['requiresInterface', 'desiredIpv4Cidr', 'desiredIpv6Cidr', 'bandwidthLimitMbps'] as const
-      ).some((k) => candidate[k] !== current[k]);
+      const changed =
+        (['requiresInterface', 'desiredIpv4Cidr', 'desiredIpv6Cidr', 'bandwidthLimitMbps'] as const).some(
+          (k) => candidate[k] !== current[k],
+        ) || !sameHealthCheck(candidate.healthCheck, current.healthCheck);
       // An update that changes nothing writes nothing: no version bump, nothing to replicate.
       if (!changed) return current;
       const updated: ServiceRecord = {
@@ -267,6 +277,11 @@ export class ServiceConfig {
       throw notFound(`no route ${routeId} in service ${serviceId}`);
     return route;
   }
+}
+
+/** health_check of a request: undefined when absent, null when null, else its canonical form (or 400). */
+function healthCheckInput(value: unknown): HealthCheck | null | undefined {
+  return value === undefined || value === null ? value : parseHealthCheck(value);
 }
 
 const toShape = (r: RouteInput): RouteShape => ({

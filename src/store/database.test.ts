@@ -8,6 +8,29 @@ import { openDatabase, schemaVersion } from './database.js';
 import { loadOrCreateSecretFile, removeStaleTempFiles, writeFileAtomic } from './key-files.js';
 import { MIGRATIONS } from './migrations.js';
 
+/**
+ * A database file an older agent left at schema `version` (3 or later), with peers a, b and c and
+ * the given services: what the migrations after it start from.
+ */
+function olderDatabase(
+  version: number,
+  services: [id: string, source: string, target: string, vkey: string][],
+): string {
+  const file = join(mkdtempSync(join(tmpdir(), 'db-')), 'old.db');
+  const db = new Database(file);
+  for (const sql of MIGRATIONS.slice(0, version)) db.exec(sql);
+  db.pragma(`user_version = ${version}`);
+  const t = '2026-01-01T00:00:00.000Z';
+  db.exec(`INSERT INTO peers (id, public_key, address, created_at, updated_at) VALUES
+    ('a', 'ka', 'h:1', '${t}', '${t}'), ('b', 'kb', 'h:2', '${t}', '${t}'), ('c', 'kc', 'h:3', '${t}', '${t}')`);
+  const insert = db.prepare(`INSERT INTO services (id, source_peer_id, target_peer_id, transport_type,
+    requires_interface, fully_transparent, bandwidth_limit_mbps, created_at, updated_at, vkey)
+    VALUES (?, ?, ?, 'tcp', 0, 0, 0, '${t}', '${t}', ?)`);
+  for (const row of services) insert.run(...row);
+  db.close();
+  return file;
+}
+
 describe('database', () => {
   it('migrates a new file to the latest version, once', () => {
     const file = join(mkdtempSync(join(tmpdir(), 'db-')), 'a.db');
@@ -23,19 +46,11 @@ describe('database', () => {
   });
 
   it('migration 4 gives each replicated service its current stamp as creation stamp', () => {
-    const file = join(mkdtempSync(join(tmpdir(), 'db-')), 'c.db');
-    const db = new Database(file);
-    for (const sql of MIGRATIONS.slice(0, 3)) db.exec(sql);
-    db.pragma('user_version = 3');
-    const t = '2026-01-01T00:00:00.000Z';
-    db.exec(`INSERT INTO peers (id, public_key, address, created_at, updated_at) VALUES
-      ('a', 'ka', 'h:1', '${t}', '${t}'), ('b', 'kb', 'h:2', '${t}', '${t}'), ('c', 'kc', 'h:3', '${t}', '${t}')`);
     const stamp = '0193a8c2f1e0.000002.ab12';
-    db.exec(`INSERT INTO services (id, source_peer_id, target_peer_id, transport_type, requires_interface,
-      fully_transparent, bandwidth_limit_mbps, created_at, updated_at, vkey) VALUES
-      ('s1', 'a', 'b', 'tcp', 0, 0, 0, '${t}', '${t}', '000000.00000000.${stamp}'),
-      ('s2', 'a', 'c', 'tcp', 0, 0, 0, '${t}', '${t}', '')`);
-    db.close();
+    const file = olderDatabase(3, [
+      ['s1', 'a', 'b', `000000.00000000.${stamp}`],
+      ['s2', 'a', 'c', ''],
+    ]);
     const migrated = openDatabase(file);
     const rows = migrated.prepare('SELECT id, created_stamp FROM services ORDER BY id').all();
     // A row never stamped keeps '' here; Replica.init() stamps it and its creation together.
@@ -43,6 +58,18 @@ describe('database', () => {
       { id: 's1', created_stamp: stamp },
       { id: 's2', created_stamp: '' },
     ]);
+    migrated.close();
+  });
+
+  it('migration 5 gives every existing service no health check, and takes only JSON there', () => {
+    const migrated = openDatabase(olderDatabase(4, [['s1', 'a', 'b', '']]));
+    assert.deepEqual(migrated.prepare('SELECT id, health_check FROM services').all(), [
+      { id: 's1', health_check: null },
+    ]);
+    assert.throws(
+      () => migrated.prepare(`UPDATE services SET health_check = '{"tcp":' WHERE id = 's1'`).run(),
+      /CHECK constraint failed/,
+    );
     migrated.close();
   });
 

@@ -129,4 +129,10 @@ export const MIGRATIONS: readonly string[] = [
   ALTER TABLE services ADD COLUMN created_stamp TEXT NOT NULL DEFAULT '';
   UPDATE services SET created_stamp = substr(vkey, 17) WHERE vkey <> '';
   `,
+  // 5: each service's active health check (docs/decisions.md §7), the canonical JSON of
+  // src/domain/health-check.ts; NULL: none, which is what every service made before has.
+  `
+  ALTER TABLE services ADD COLUMN health_check TEXT
+    CHECK (health_check IS NULL OR json_valid(health_check));
+  `,
 ];

@@ -2,6 +2,7 @@
  * The rows the store keeps, as the rest of the agent sees them. Times are ISO 8601 strings as
  * the API shows them (docs/decisions.md §3), so nothing converts them twice.
  */
+import type { HealthCheck } from '../domain/health-check.js';
 import type { License } from '../domain/license.js';
 import type { Scope } from '../domain/scopes.js';
 
@@ -69,6 +70,8 @@ export interface ServiceRecord {
   desiredIpv6Cidr: string | null;
   fullyTransparent: boolean;
   bandwidthLimitMbps: number;
+  /** health_check (docs/decisions.md §7) in canonical form; null: no active probe. */
+  healthCheck: HealthCheck | null;
   version: number;
   createdAt: string;
   updatedAt: string;

@@ -3,7 +3,9 @@ import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, it } from 'node:test';
-import type { PeerRecord } from './records.js';
+import Database from 'better-sqlite3';
+import { serviceRecord } from '../../test/helpers/service-record.js';
+import type { PeerRecord, ServiceRecord } from './records.js';
 import { Store } from './store.js';
 
 const T = '2026-01-01T00:00:00.000Z';
@@ -20,6 +22,8 @@ const peer = (id: string): PeerRecord => ({
   vkey: '',
 });
 const open = () => new Store(join(mkdtempSync(join(tmpdir(), 'store-')), 'db'));
+const service = (id: string, over: Partial<ServiceRecord> = {}): ServiceRecord =>
+  serviceRecord({ id, sourcePeerId: 'a', targetPeerId: 'b', ...over });
 
 describe('Store reads from its snapshot', () => {
   it('sees every write at once', () => {
@@ -57,22 +61,7 @@ describe('Store reads from its snapshot', () => {
     const s = open();
     s.insertPeer(peer('a'));
     s.insertPeer(peer('b'));
-    s.insertService({
-      id: 'svc',
-      sourcePeerId: 'a',
-      targetPeerId: 'b',
-      transportType: 'tcp',
-      requiresInterface: false,
-      desiredIpv4Cidr: null,
-      desiredIpv6Cidr: null,
-      fullyTransparent: false,
-      bandwidthLimitMbps: 0,
-      version: 1,
-      createdAt: T,
-      updatedAt: T,
-      vkey: '',
-      createdStamp: '',
-    });
+    s.insertService(service('svc'));
     s.insertRoute({
       id: 7,
       serviceId: 'svc',
@@ -91,5 +80,31 @@ describe('Store reads from its snapshot', () => {
     assert.equal(s.route(7), undefined);
     assert.equal(s.serviceCount(), 0);
     s.close();
+  });
+
+  it('keeps health_check as canonical JSON through insert, update and upsert, and after a reopen', () => {
+    const file = join(mkdtempSync(join(tmpdir(), 'store-')), 'db');
+    const s = new Store(file);
+    s.insertPeer(peer('a'));
+    s.insertPeer(peer('b'));
+    s.insertService(service('svc', { healthCheck: { tcp: '10.1.2.3:443', interval_ms: 1000, failures: 3 } }));
+    // Keys out of order: the store writes the canonical order whatever it is given.
+    s.updateService(
+      service('svc', {
+        healthCheck: { failures: 2, interval_ms: 500, icmp: 'fd00::1' } as ServiceRecord['healthCheck'],
+      }),
+    );
+    s.close();
+    const raw = new Database(file, { readonly: true });
+    assert.deepEqual(raw.prepare('SELECT health_check FROM services').all(), [
+      { health_check: '{"icmp":"fd00::1","interval_ms":500,"failures":2}' },
+    ]);
+    raw.close();
+    const again = new Store(file);
+    assert.deepEqual(again.service('svc')?.healthCheck, { icmp: 'fd00::1', interval_ms: 500, failures: 2 });
+    again.upsertService(service('svc', { version: 2 }));
+    assert.equal(again.service('svc')?.healthCheck, null);
+    again.close();
+    assert.equal(new Store(file).service('svc')?.healthCheck, null);
   });
 });

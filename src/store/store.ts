@@ -2,6 +2,7 @@
  * Repositories over the agent's SQLite file. Every write runs in one transaction; callers see
  * typed records, never rows. The only module that issues SQL.
  */
+import { type HealthCheck, healthCheckJson } from '../domain/health-check.js';
 import type { License } from '../domain/license.js';
 import type { Scope } from '../domain/scopes.js';
 import { type Db, openDatabase } from './database.js';
@@ -39,6 +40,7 @@ interface ServiceRow {
   desired_ipv6_cidr: string | null;
   fully_transparent: number;
   bandwidth_limit_mbps: number;
+  health_check: string | null;
   version: number;
   created_at: string;
   updated_at: string;
@@ -101,6 +103,8 @@ const toService = (r: ServiceRow): ServiceRecord => ({
   desiredIpv6Cidr: r.desired_ipv6_cidr,
   fullyTransparent: r.fully_transparent === 1,
   bandwidthLimitMbps: r.bandwidth_limit_mbps,
+  // Written only by serviceParams, from a checked value: the text is canonical JSON.
+  healthCheck: r.health_check === null ? null : (JSON.parse(r.health_check) as HealthCheck),
   version: r.version,
   createdAt: r.created_at,
   updatedAt: r.updated_at,
@@ -112,6 +116,7 @@ const serviceParams = (s: ServiceRecord) => ({
   ...s,
   requiresInterface: s.requiresInterface ? 1 : 0,
   fullyTransparent: s.fullyTransparent ? 1 : 0,
+  healthCheck: s.healthCheck ? healthCheckJson(s.healthCheck) : null,
 });
 
 const toRoute = (r: RouteRow): RouteRecord => ({
@@ -243,15 +248,16 @@ export class Store {
       ),
       upsertService: db.prepare(
         `INSERT INTO services (id, source_peer_id, target_peer_id, transport_type, requires_interface,
-           desired_ipv4_cidr, desired_ipv6_cidr, fully_transparent, bandwidth_limit_mbps, version, created_at, updated_at, vkey,
-           created_stamp)
+           desired_ipv4_cidr, desired_ipv6_cidr, fully_transparent, bandwidth_limit_mbps, health_check,
+           version, created_at, updated_at, vkey, created_stamp)
          VALUES (@id, @sourcePeerId, @targetPeerId, @transportType, @requiresInterface, @desiredIpv4Cidr,
-           @desiredIpv6Cidr, @fullyTransparent, @bandwidthLimitMbps, @version, @createdAt, @updatedAt, @vkey,
-           @createdStamp)
+           @desiredIpv6Cidr, @fullyTransparent, @bandwidthLimitMbps, @healthCheck, @version, @createdAt, @updatedAt,
+           @vkey, @createdStamp)
          ON CONFLICT (id) DO UPDATE SET requires_interface = excluded.requires_interface,
            desired_ipv4_cidr = excluded.desired_ipv4_cidr, desired_ipv6_cidr = excluded.desired_ipv6_cidr,
-           bandwidth_limit_mbps = excluded.bandwidth_limit_mbps, version = excluded.version,
-           created_at = excluded.created_at, updated_at = excluded.updated_at, vkey = excluded.vkey`,
+           bandwidth_limit_mbps = excluded.bandwidth_limit_mbps, health_check = excluded.health_check,
+           version = excluded.version, created_at = excluded.created_at, updated_at = excluded.updated_at,
+           vkey = excluded.vkey`,
       ),
       upsertRoute: db.prepare(
         `INSERT INTO routes (id, service_id, priority, source_cidr, dest_cidr, version, created_at, updated_at, vkey)
@@ -277,16 +283,17 @@ export class Store {
       serviceCount: db.prepare('SELECT count(*) AS n FROM services'),
       insertService: db.prepare(
         `INSERT INTO services (id, source_peer_id, target_peer_id, transport_type, requires_interface,
-           desired_ipv4_cidr, desired_ipv6_cidr, fully_transparent, bandwidth_limit_mbps, version, created_at, updated_at, vkey,
-           created_stamp)
+           desired_ipv4_cidr, desired_ipv6_cidr, fully_transparent, bandwidth_limit_mbps, health_check,
+           version, created_at, updated_at, vkey, created_stamp)
          VALUES (@id, @sourcePeerId, @targetPeerId, @transportType, @requiresInterface, @desiredIpv4Cidr,
-           @desiredIpv6Cidr, @fullyTransparent, @bandwidthLimitMbps, @version, @createdAt, @updatedAt, @vkey,
-           @createdStamp)`,
+           @desiredIpv6Cidr, @fullyTransparent, @bandwidthLimitMbps, @healthCheck, @version, @createdAt, @updatedAt,
+           @vkey, @createdStamp)`,
       ),
       updateService: db.prepare(
         `UPDATE services SET requires_interface = @requiresInterface, desired_ipv4_cidr = @desiredIpv4Cidr,
            desired_ipv6_cidr = @desiredIpv6Cidr, bandwidth_limit_mbps = @bandwidthLimitMbps,
-           version = @version, updated_at = @updatedAt, vkey = @vkey, created_stamp = @createdStamp
+           health_check = @healthCheck, version = @version, updated_at = @updatedAt, vkey = @vkey,
+           created_stamp = @createdStamp
          WHERE id = @id`,
       ),
       deleteService: db.prepare('DELETE FROM services WHERE id = ?'),
