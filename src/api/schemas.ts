@@ -4,6 +4,12 @@
  * document, so the document cannot drift from what the agent does.
  */
 import { type TSchema, Type } from '@sinclair/typebox';
+import {
+  HEALTH_CHECK_FAILURES,
+  HEALTH_CHECK_INTERVAL_MS,
+  HEALTH_CHECK_TARGET_MAX,
+  type HealthCheck,
+} from '../domain/health-check.js';
 import { ALL_SCOPES } from '../domain/scopes.js';
 
 const Timestamp = Type.String({ format: 'date-time', description: 'ISO 8601, UTC, milliseconds, Z suffix' });
@@ -190,6 +196,48 @@ export function errorResponses(...statuses: number[]): Record<number, TSchema> {
 const CidrField = (description: string) =>
   Type.Optional(Type.Union([Type.String({ maxLength: 64 }), Type.Null()], { description }));
 
+// health_check (docs/decisions.md §7). The schema bounds types and ranges for the document and
+// the first 400; domain/health-check.ts checks the rest (exactly one kind, IP literals).
+const HEALTH_CHECK_TEXT =
+  "extension: an active probe that the service's exit runs, a TCP connect (tcp) or an ICMP echo (icmp); " +
+  'exactly one of tcp and icmp. Addresses are IP literals, no host names (docs/decisions.md §7)';
+const healthCheckFields = {
+  tcp: Type.String({
+    maxLength: HEALTH_CHECK_TARGET_MAX,
+    description:
+      'IP address and port to connect to: 10.1.2.3:443, [fd00::1]:443 (IPv6 in brackets; port 1-65535)',
+  }),
+  icmp: Type.String({
+    maxLength: HEALTH_CHECK_TARGET_MAX,
+    description: 'IP address to send echo requests to: 10.1.2.3, fd00::1',
+  }),
+  interval_ms: Type.Integer({
+    minimum: HEALTH_CHECK_INTERVAL_MS.min,
+    maximum: HEALTH_CHECK_INTERVAL_MS.max,
+    default: HEALTH_CHECK_INTERVAL_MS.default,
+    description: 'milliseconds between probes',
+  }),
+  failures: Type.Integer({
+    minimum: HEALTH_CHECK_FAILURES.min,
+    maximum: HEALTH_CHECK_FAILURES.max,
+    default: HEALTH_CHECK_FAILURES.default,
+    description: 'failed probes in a row that make the check fail',
+  }),
+};
+const HealthCheckBody = Type.Object({
+  tcp: Type.Optional(healthCheckFields.tcp),
+  icmp: Type.Optional(healthCheckFields.icmp),
+  interval_ms: Type.Optional(healthCheckFields.interval_ms),
+  failures: Type.Optional(healthCheckFields.failures),
+});
+// A type list, not anyOf, for the reason NullableTimestamp gives: the list form holds it.
+const HealthCheckShown = Type.Unsafe<HealthCheck | null>({
+  type: ['object', 'null'],
+  properties: healthCheckFields,
+  required: ['interval_ms', 'failures'],
+  description: `${HEALTH_CHECK_TEXT}; defaults filled in, addresses in canonical form; null: none`,
+});
+
 export const ServiceCreateBody = Type.Object({
   target_peer_id: Type.String({ minLength: 1, maxLength: 256 }),
   source_peer_id: Type.Optional(
@@ -209,6 +257,9 @@ export const ServiceCreateBody = Type.Object({
   bandwidth_limit_mbps: Type.Optional(
     Type.Integer({ minimum: 0, maximum: 1_000_000, default: 0, description: '0: unlimited' }),
   ),
+  health_check: Type.Optional(
+    Type.Union([HealthCheckBody, Type.Null()], { description: `${HEALTH_CHECK_TEXT}; absent or null: none` }),
+  ),
 });
 
 export const ServiceUpdateBody = Type.Object({
@@ -216,6 +267,11 @@ export const ServiceUpdateBody = Type.Object({
   desired_ipv4_cidr: CidrField('IPv4 address/prefix of the interface; null clears it'),
   desired_ipv6_cidr: CidrField('IPv6 address/prefix of the interface; null clears it'),
   bandwidth_limit_mbps: Type.Optional(Type.Integer({ minimum: 0, maximum: 1_000_000 })),
+  health_check: Type.Optional(
+    Type.Union([HealthCheckBody, Type.Null()], {
+      description: `${HEALTH_CHECK_TEXT}; replaces the current check whole; null removes it`,
+    }),
+  ),
   transport_type: Type.Optional(
     Type.Unsafe<string>({
       type: 'string',
@@ -240,6 +296,7 @@ const serviceCommon = {
   interface_ipv6_cidr: NullableString,
   fully_transparent: Type.Boolean(),
   bandwidth_limit_mbps: Type.Integer(),
+  health_check: HealthCheckShown,
   created_at: Timestamp,
   is_active: Type.Boolean({ description: 'false while a peer involved is inactive' }),
   version: Type.Integer(),

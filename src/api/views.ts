@@ -40,6 +40,7 @@ export const serviceListView = (s: ServiceRecord, routeCount: number, isActive: 
   interface_ipv6_cidr: s.requiresInterface ? s.desiredIpv6Cidr : null,
   fully_transparent: s.fullyTransparent,
   bandwidth_limit_mbps: s.bandwidthLimitMbps,
+  health_check: s.healthCheck,
   route_count: routeCount,
   created_at: s.createdAt,
   is_active: isActive,

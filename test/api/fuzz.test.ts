@@ -158,6 +158,54 @@ const ROUTE_CIDR_INVALID = [
   '010.0.0.0/8',
 ];
 
+/**
+ * health_check (docs/decisions.md §7), on service create and update. The valid bodies hold one,
+ * so the fields inside it are fuzzed too.
+ */
+const HEALTH_CHECK_FIELDS: FieldSpec[] = [
+  {
+    path: ['health_check'],
+    type: 'object',
+    nullable: true,
+    invalid: [
+      {},
+      { interval_ms: 500 },
+      { tcp: '192.0.2.1:443', icmp: '192.0.2.1' },
+      { tcp: 'exit.example.com:443' },
+      { tcp: '[2001:db8::1]:0' },
+      { icmp: '192.0.2.1:443' },
+      { icmp: '224.0.0.1' },
+      { icmp: '192.0.2.1', interval_ms: 99 },
+      { icmp: '192.0.2.1', failures: 11 },
+    ],
+    sameType: fc.constantFrom({ tcp: '[2001:db8::1]:443' }, { icmp: '192.0.2.9', failures: 1 }),
+  },
+  {
+    path: ['health_check', 'tcp'],
+    type: 'string',
+    invalid: ['', '192.0.2.1', 'localhost:80', '0.0.0.0:80', '192.0.2.1:65536', 't'.repeat(48)],
+    sameType: fc.constantFrom('192.0.2.1:1', '[2001:db8::2]:65535'),
+  },
+  {
+    path: ['health_check', 'icmp'],
+    type: 'string',
+    invalid: ['', 'host', '[2001:db8::1]', '192.0.2.0/24', 'ff02::1', 'i'.repeat(48)],
+    sameType: fc.constantFrom('192.0.2.1', '2001:db8::2'),
+  },
+  {
+    path: ['health_check', 'interval_ms'],
+    type: 'integer',
+    invalid: [0, 99, 60_001, 1.5, '1000', new RawJson('9007199254740993')],
+    sameType: fc.integer({ min: 100, max: 60_000 }),
+  },
+  {
+    path: ['health_check', 'failures'],
+    type: 'integer',
+    invalid: [0, 11, 2.5, '3'],
+    sameType: fc.integer({ min: 1, max: 10 }),
+  },
+];
+
 const ENDPOINTS: Endpoint[] = [
   {
     method: 'POST',
@@ -345,6 +393,7 @@ const ENDPOINTS: Endpoint[] = [
       desired_ipv4_cidr: '192.0.2.10/24',
       fully_transparent: false,
       bandwidth_limit_mbps: 10,
+      health_check: { tcp: '192.0.2.1:443', interval_ms: 500, failures: 2 },
     }),
     fields: [
       { path: ['target_peer_id'], type: 'string', required: true, invalid: ['', 't'.repeat(257)] },
@@ -378,6 +427,7 @@ const ENDPOINTS: Endpoint[] = [
         invalid: [-1, 1.5, '1', new RawJson('9007199254740993'), 1_000_001],
         sameType: fc.integer({ min: 0, max: 1_000_000 }),
       },
+      ...HEALTH_CHECK_FIELDS,
     ],
     success: () => [201],
     errors: 'api',
@@ -392,6 +442,7 @@ const ENDPOINTS: Endpoint[] = [
       bandwidth_limit_mbps: 5,
       requires_interface: true,
       desired_ipv4_cidr: '192.0.2.10/24',
+      health_check: { icmp: '2001:db8::1', interval_ms: 2000, failures: 4 },
     }),
     fields: [
       { path: ['requires_interface'], type: 'boolean' },
@@ -418,6 +469,7 @@ const ENDPOINTS: Endpoint[] = [
       { path: ['fully_transparent'], type: 'boolean' },
       { path: ['source_peer_id'], type: 'string' },
       { path: ['target_peer_id'], type: 'string' },
+      ...HEALTH_CHECK_FIELDS,
     ],
     success: () => [200],
     errors: 'api',

@@ -34,6 +34,7 @@ const COMMON_FIELDS = [
   'target_peer_id',
   'transport_type',
   // extra fields of docs/decisions.md §5/§7
+  'health_check',
   'is_active',
   'version',
 ];
@@ -125,6 +126,7 @@ describe('services API', () => {
         interface_ipv6_cidr: null,
         fully_transparent: false,
         bandwidth_limit_mbps: 0,
+        health_check: null,
         created_at: res.body.created_at,
         is_active: true,
         version: 1,
@@ -601,6 +603,130 @@ describe('services API', () => {
       assert.equal(one.transport_type, 'tcp');
       assert.equal(one.source_peer_id, a.peerId);
       assert.equal(one.target_peer_id, b.peerId);
+    });
+  });
+
+  describe('health_check (extension, docs/decisions.md §7)', () => {
+    const TCP = { tcp: '10.1.2.3:443', interval_ms: 1000, failures: 3 };
+
+    it('create: shown back on GET single and list, canonical and with its defaults; absent or null is none', async () => {
+      const tcp = await created({ target_peer_id: b.peerId, health_check: { tcp: '[FD00:0::1]:443' } });
+      const icmp = await created({
+        source_peer_id: b.peerId,
+        target_peer_id: c.peerId,
+        health_check: { icmp: '10.1.2.3', interval_ms: 250, failures: 5 },
+      });
+      const tcpWant = { tcp: '[fd00::1]:443', interval_ms: 1000, failures: 3 };
+      const icmpWant = { icmp: '10.1.2.3', interval_ms: 250, failures: 5 };
+      assert.deepEqual((await getOne(tcp)).body.health_check, tcpWant);
+      assert.deepEqual((await getOne(icmp)).body.health_check, icmpWant);
+      const byId = new Map((await list()).map((s) => [s.id, s]));
+      assert.deepEqual(byId.get(tcp)?.health_check, tcpWant);
+      assert.deepEqual(byId.get(icmp)?.health_check, icmpWant);
+
+      for (const id of [tcp, icmp]) await api().delete(`/v1/services/${id}`, { token: a.token });
+      const none = await created({ target_peer_id: b.peerId });
+      const nulled = await created({
+        source_peer_id: b.peerId,
+        target_peer_id: c.peerId,
+        health_check: null,
+      });
+      for (const id of [none, nulled]) assert.equal((await getOne(id)).body.health_check, null);
+      for (const item of await list()) assert.equal(item.health_check, null);
+    });
+
+    it('update: sets, replaces whole, leaves it when absent, removes it with null; version rises only on a change', async () => {
+      const id = await created({ target_peer_id: b.peerId });
+      const set = await put(id, { health_check: { tcp: '10.1.2.3:443' } });
+      assert.equal(set.status, 200, set.text);
+      assert.deepEqual(keys(set.body), SINGLE_FIELDS);
+      assert.deepEqual(set.body.health_check, TCP);
+      assert.equal(set.body.version, 2);
+      assert.deepEqual((await getOne(id)).body, set.body, 'GET shows what PUT answered');
+
+      const same = await put(id, { health_check: { failures: 3, tcp: '10.1.2.3:443' } });
+      assert.deepEqual(same.body, set.body, 'the same check again writes nothing');
+
+      // Replaced whole: what the new value leaves out takes its default, not the old value.
+      const icmp = await put(id, { health_check: { icmp: 'FD00::1', failures: 2 } });
+      assert.equal(icmp.status, 200, icmp.text);
+      assert.deepEqual(icmp.body.health_check, { icmp: 'fd00::1', interval_ms: 1000, failures: 2 });
+      assert.equal(icmp.body.version, 3);
+
+      const other = await put(id, { bandwidth_limit_mbps: 9 });
+      assert.deepEqual(other.body.health_check, icmp.body.health_check, 'absent: unchanged');
+
+      const removed = await put(id, { health_check: null });
+      assert.equal(removed.status, 200, removed.text);
+      assert.equal(removed.body.health_check, null);
+      assert.equal(removed.body.version, 5);
+      assert.equal((await list())[0]?.health_check, null);
+    });
+
+    it('refuses each kind of invalid value: 400 INVALID_REQUEST on create and update, nothing changes', async () => {
+      const id = await created({ target_peer_id: b.peerId, health_check: TCP });
+      const original = (await getOne(id)).body;
+      const cases: [string, unknown][] = [
+        ['a string', 'tcp:10.1.2.3:443'],
+        ['a number', 443],
+        ['an array', [TCP]],
+        ['neither tcp nor icmp', {}],
+        ['only timings', { interval_ms: 500, failures: 2 }],
+        ['both tcp and icmp', { tcp: '10.1.2.3:443', icmp: '10.1.2.3' }],
+        ['tcp a host name', { tcp: 'exit.example.com:443' }],
+        ['tcp localhost', { tcp: 'localhost:443' }],
+        ['tcp without a port', { tcp: '10.1.2.3' }],
+        ['tcp port 0', { tcp: '10.1.2.3:0' }],
+        ['tcp port 65536', { tcp: '10.1.2.3:65536' }],
+        ['tcp IPv6 without brackets', { tcp: 'fd00::1:443' }],
+        ['tcp IPv6 with a zone', { tcp: '[fe80::1%eth0]:443' }],
+        ['tcp unspecified', { tcp: '0.0.0.0:443' }],
+        ['tcp multicast', { tcp: '[ff02::1]:443' }],
+        ['tcp a number', { tcp: 443 }],
+        ['tcp null', { tcp: null }],
+        ['tcp too long', { tcp: `${'1'.repeat(60)}:443` }],
+        ['icmp with a port', { icmp: '10.1.2.3:443' }],
+        ['icmp in brackets', { icmp: '[fd00::1]' }],
+        ['icmp a host name', { icmp: 'gateway.lan' }],
+        ['icmp a CIDR', { icmp: '10.1.2.0/24' }],
+        ['icmp broadcast', { icmp: '255.255.255.255' }],
+        ['interval_ms 99', { ...TCP, interval_ms: 99 }],
+        ['interval_ms 60001', { ...TCP, interval_ms: 60_001 }],
+        ['interval_ms 1.5', { ...TCP, interval_ms: 1.5 }],
+        ['interval_ms "1000"', { ...TCP, interval_ms: '1000' }],
+        ['interval_ms null', { ...TCP, interval_ms: null }],
+        ['failures 0', { ...TCP, failures: 0 }],
+        ['failures 11', { ...TCP, failures: 11 }],
+        ['failures true', { ...TCP, failures: true }],
+      ];
+      for (const [what, health_check] of cases) {
+        assertError(await put(id, { health_check }), 400, 'INVALID_REQUEST', `update: ${what}`);
+        // Together with a valid change: the whole request is refused.
+        assertError(
+          await put(id, { bandwidth_limit_mbps: 7, health_check }),
+          400,
+          'INVALID_REQUEST',
+          `update with another field: ${what}`,
+        );
+        assertError(
+          await create({ source_peer_id: b.peerId, target_peer_id: c.peerId, health_check }),
+          400,
+          'INVALID_REQUEST',
+          `create: ${what}`,
+        );
+      }
+      assert.deepEqual((await getOne(id)).body, original);
+      assert.deepEqual(
+        (await list()).map((s) => s.id),
+        [id],
+      );
+      // 400 before 404 (docs/decisions.md §3): a bad check on an unknown service.
+      assertError(
+        await put(UNKNOWN_ID, { health_check: { tcp: 'exit.example.com:443' } }),
+        400,
+        'INVALID_REQUEST',
+        'unknown service',
+      );
     });
   });
 

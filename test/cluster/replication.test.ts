@@ -6,6 +6,7 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
+import { isDeepStrictEqual } from 'node:util';
 import type { ApiResponse } from '../helpers/api-client.js';
 import {
   del,
@@ -93,6 +94,7 @@ describe('replication between three agents', { timeout: 90_000 }, () => {
       source_peer_id: a.peerId,
       target_peer_id: c.peerId,
       bandwidth_limit_mbps: 5,
+      health_check: { tcp: '[FD00::1]:443', interval_ms: 500 },
     });
     expectStatus(created, 201, 'create A→C on B');
     s1 = created.body.id;
@@ -104,17 +106,34 @@ describe('replication between three agents', { timeout: 90_000 }, () => {
         r.status === 200 &&
         r.body.source_peer_id === a.peerId &&
         r.body.target_peer_id === c.peerId &&
-        r.body.bandwidth_limit_mbps === 5,
+        r.body.bandwidth_limit_mbps === 5 &&
+        isDeepStrictEqual(r.body.health_check, { tcp: '[fd00::1]:443', interval_ms: 500, failures: 3 }),
     );
 
     // Service update, on C.
-    const updated = await put(c, `/v1/services/${s1}`, { bandwidth_limit_mbps: 250 });
+    const updated = await put(c, `/v1/services/${s1}`, {
+      bandwidth_limit_mbps: 250,
+      health_check: { icmp: '10.1.2.3', failures: 5 },
+    });
     expectStatus(updated, 200, 'update A→C on C');
     await onEvery(
       nodes,
-      'bandwidth 250',
+      'bandwidth 250, icmp check',
       `/v1/services/${s1}`,
-      (r) => r.body?.bandwidth_limit_mbps === 250 && r.body.version === updated.body.version,
+      (r) =>
+        r.body?.bandwidth_limit_mbps === 250 &&
+        isDeepStrictEqual(r.body.health_check, { icmp: '10.1.2.3', interval_ms: 1000, failures: 5 }) &&
+        r.body.version === updated.body.version,
+    );
+
+    // Health check removed, on A.
+    const unchecked = await put(a, `/v1/services/${s1}`, { health_check: null });
+    expectStatus(unchecked, 200, 'remove the check on A');
+    await onEvery(
+      nodes,
+      'no health check',
+      `/v1/services/${s1}`,
+      (r) => r.body?.health_check === null && r.body.version === unchecked.body.version,
     );
 
     // Routes add, on A.
