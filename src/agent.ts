@@ -45,6 +45,7 @@ import { registerDataPlaneMetrics } from './dataplane/dataplane-metrics.js';
 import { LinuxKernel } from './dataplane/kernel/linux.js';
 import { missingRequirements } from './dataplane/requirements.js';
 import { type Clock, OffsetClock, systemClock } from './domain/clock.js';
+import { healthProbe } from './domain/health-check.js';
 import { isServiceActive } from './domain/service-rules.js';
 import { generateLicenseKeyPair } from './license/sign.js';
 import { connectNetSocket, openTransparentListener } from './native/sockets.js';
@@ -482,6 +483,7 @@ async function buildDataPlane(
         desiredIpv4Cidr: s.desiredIpv4Cidr,
         desiredIpv6Cidr: s.desiredIpv6Cidr,
         bandwidthLimitMbps: s.bandwidthLimitMbps,
+        healthCheck: s.healthCheck && healthProbe(s.healthCheck),
         fullyTransparent: s.fullyTransparent,
         transportType: s.transportType,
       })),

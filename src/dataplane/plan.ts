@@ -18,6 +18,7 @@
  * (RouteMatcher: compiled once, asked per connection by dataplane.ts at the ingress and the exit).
  */
 import { formatIp, parseCidr, parseIp } from '../domain/cidr.js';
+import type { HealthProbe } from '../domain/health-check.js';
 import { formatCidr, masked, parseCidrLoose } from './kernel/canonical.js';
 import {
   AGENT_MARK,
@@ -56,6 +57,8 @@ export interface PlanService {
   fullyTransparent?: boolean;
   /** transport_type; default tcp. */
   transportType?: TransportKind;
+  /** health_check (docs/decisions.md §7): the probe the exit runs; null or absent: none. */
+  healthCheck?: HealthProbe | null;
 }
 
 export interface PlanRoute {
