@@ -13,6 +13,7 @@
  */
 import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
+import { HEALTH_CHECK_FAILURES, HEALTH_CHECK_INTERVAL_MS } from '../domain/health-check.js';
 import { SCOPE_PREFIX } from '../domain/scopes.js';
 import { ApiCallError, MeshClient, NotLoggedInError, UnreachableError } from './client-http.js';
 import { configDir, normalizeUrl, profilePath, resolveProfile, saveProfile } from './client-profile.js';
@@ -426,7 +427,49 @@ const SERVICE_FIELDS: OptionSpec = {
   ipv4: { type: 'string' },
   ipv6: { type: 'string' },
   bandwidth: { type: 'string' },
+  'health-check': { type: 'string' },
+  'health-check-interval-ms': { type: 'string' },
+  'health-check-failures': { type: 'string' },
 };
+
+/**
+ * `--health-check tcp:ADDRESS:PORT|icmp:ADDRESS|none` with its two timing flags, as the API's
+ * health_check: undefined when none of them is given, null for `none`. The check is sent whole,
+ * so the timing flags need --health-check. The address is the API's to check.
+ */
+function healthCheckFlags(p: Parsed): Obj | null | undefined {
+  const spec = str(p, 'health-check');
+  const interval = str(p, 'health-check-interval-ms');
+  const failures = str(p, 'health-check-failures');
+  if (spec === undefined) {
+    if (interval !== undefined || failures !== undefined) {
+      throw new UsageError(
+        '--health-check-interval-ms and --health-check-failures need --health-check (the check is set whole)',
+      );
+    }
+    return undefined;
+  }
+  if (spec === 'none') {
+    if (interval !== undefined || failures !== undefined) {
+      throw new UsageError(
+        '--health-check none takes no --health-check-interval-ms or --health-check-failures',
+      );
+    }
+    return null;
+  }
+  const m = /^(tcp|icmp):(.+)$/.exec(spec);
+  if (!m) throw new UsageError('--health-check must be tcp:ADDRESS:PORT, icmp:ADDRESS or none');
+  const check: Obj = { [m[1]!]: m[2] };
+  if (interval !== undefined) {
+    const { min, max } = HEALTH_CHECK_INTERVAL_MS;
+    check.interval_ms = integer(interval, '--health-check-interval-ms', min, max);
+  }
+  if (failures !== undefined) {
+    const { min, max } = HEALTH_CHECK_FAILURES;
+    check.failures = integer(failures, '--health-check-failures', min, max);
+  }
+  return check;
+}
 
 async function services(args: string[], s0: { io: Io; env: NodeJS.ProcessEnv }): Promise<void> {
   const [sub, ...rest] = args;
@@ -492,6 +535,8 @@ async function services(args: string[], s0: { io: Io; env: NodeJS.ProcessEnv }):
       if (str(p, 'bandwidth') !== undefined) {
         body.bandwidth_limit_mbps = integer(str(p, 'bandwidth')!, '--bandwidth', 0, 1_000_000);
       }
+      const healthCheck = healthCheckFlags(p);
+      if (healthCheck) body.health_check = healthCheck;
       const s = new Session(io, s0.env, p);
       const svc = await s.call<Obj>('POST', '/v1/services', body);
       return s.print(svc, () => renderObject(svc));
@@ -509,9 +554,12 @@ async function services(args: string[], s0: { io: Io; env: NodeJS.ProcessEnv }):
       if (str(p, 'bandwidth') !== undefined) {
         body.bandwidth_limit_mbps = integer(str(p, 'bandwidth')!, '--bandwidth', 0, 1_000_000);
       }
+      const healthCheck = healthCheckFlags(p);
+      if (healthCheck !== undefined) body.health_check = healthCheck;
       if (Object.keys(body).length === 0) {
         throw new UsageError(
-          'services update: nothing to change (--interface, --no-interface, --ipv4, --ipv6, --bandwidth)',
+          'services update: nothing to change (--interface, --no-interface, --ipv4, --ipv6, --bandwidth, ' +
+            '--health-check)',
         );
       }
       const s = new Session(io, s0.env, p);

@@ -23,8 +23,11 @@ export const CLIENT_USAGE = `client commands (talk to an agent's management API)
   mesh-agent services ls [--source PEER] [--target PEER] [--interface|--no-interface] | get ID | rm ID
   mesh-agent services create --target PEER [--source PEER] [--transport tcp|kcp] [--interface]
                    [--ipv4 CIDR] [--ipv6 CIDR] [--transparent] [--bandwidth MBPS]
+                   [--health-check tcp:ADDRESS:PORT|icmp:ADDRESS|none]
+                   [--health-check-interval-ms MS] [--health-check-failures N]
   mesh-agent services update ID [--interface|--no-interface] [--ipv4 CIDR|none] [--ipv6 CIDR|none]
-                   [--bandwidth MBPS]
+                   [--bandwidth MBPS] [--health-check tcp:ADDRESS:PORT|icmp:ADDRESS|none]
+                   [--health-check-interval-ms MS] [--health-check-failures N]
   mesh-agent routes ls SERVICE | rm SERVICE ROUTE
   mesh-agent routes add SERVICE [--dest CIDR] [--source CIDR] [--priority N]
                    [--route dest=CIDR,source=CIDR,priority=N]... [--file ROUTES.json]

@@ -103,6 +103,13 @@ describe('mesh-agent client commands', { timeout: 180_000 }, () => {
       ['services', 'create'],
       ['services', 'create', '--target', 'x', '--transport', 'udp'],
       ['services', 'update', 'x'],
+      ['services', 'create', '--target', 'x', '--health-check', 'http:10.0.0.1:80'],
+      ['services', 'create', '--target', 'x', '--health-check', '10.0.0.1:80'],
+      ['services', 'create', '--target', 'x', '--health-check-failures', '5'],
+      ['services', 'update', 'x', '--health-check-interval-ms', '500'],
+      ['services', 'update', 'x', '--health-check', 'none', '--health-check-failures', '5'],
+      ['services', 'update', 'x', '--health-check', 'icmp:10.0.0.1', '--health-check-interval-ms', '99'],
+      ['services', 'update', 'x', '--health-check', 'icmp:10.0.0.1', '--health-check-failures', '11'],
       ['routes', 'add', 'svc'],
       ['routes', 'rm', 'svc', 'notanumber'],
       ['peers', 'leave'],
@@ -320,8 +327,15 @@ describe('mesh-agent client commands', { timeout: 180_000 }, () => {
       'kcp',
       '--bandwidth',
       '10',
+      '--health-check',
+      'tcp:10.77.0.1:8443',
     ]);
     serviceId = String(created.id);
+    assert.deepEqual((await json(['services', 'get', serviceId])).health_check, {
+      tcp: '10.77.0.1:8443',
+      interval_ms: 1000,
+      failures: 3,
+    });
     assert.equal(created.source_peer_id, aPeerId);
     assert.equal(created.transport_type, 'kcp');
 
@@ -387,8 +401,42 @@ describe('mesh-agent client commands', { timeout: 180_000 }, () => {
     assert.equal(cleared.requires_interface, false);
     assert.equal(cleared.interface_ipv4_cidr, null);
 
+    // The health check: set with its timings, replaced, refused by the API (exit 1), removed.
+    const checked = await json([
+      'services',
+      'update',
+      serviceId,
+      '--health-check',
+      'tcp:[FD00::1]:443',
+      '--health-check-failures',
+      '5',
+    ]);
+    assert.deepEqual(checked.health_check, { tcp: '[fd00::1]:443', interval_ms: 1000, failures: 5 });
+    const pinged = await json([
+      'services',
+      'update',
+      serviceId,
+      '--health-check',
+      'icmp:10.77.0.9',
+      '--health-check-interval-ms',
+      '250',
+    ]);
+    assert.deepEqual(pinged.health_check, { icmp: '10.77.0.9', interval_ms: 250, failures: 3 });
+    const named = await cli(['services', 'update', serviceId, '--health-check', 'tcp:exit.example:443']);
+    assert.equal(named.code, 1);
+    assert.match(named.stderr, /error 400 INVALID_REQUEST: health_check\.tcp must be an IP address/);
+    assert.match(
+      (await ok(['services', 'get', serviceId])).stdout,
+      /^health_check\s+\{"interval_ms":250,"failures":3,"icmp":"10\.77\.0\.9"\}$/m,
+    );
+    assert.equal(
+      (await json(['services', 'update', serviceId, '--health-check', 'none'])).health_check,
+      null,
+    );
+
     const got = (await ok(['services', 'get', serviceId])).stdout;
     assert.match(got, /^bandwidth_limit_mbps\s+20$/m);
+    assert.match(got, /^health_check\s+-$/m);
     assert.match(got, /^ROUTES\n\(none\)$/m);
 
     const nf = await cli(['services', 'create', '--target', 'no-such-peer']);
