@@ -1,0 +1,90 @@
+/**
+ * The faults the failover bench (run.ts) injects into the preferred exit (`exit` of
+ * test/helpers/mesh-netns.ts), one table entry each: how to inject it, how to undo it. A new kind
+ * is a new entry. Used by run.ts only.
+ */
+import type { MeshNetns } from '../../test/helpers/mesh-netns.js';
+import { IP } from '../../test/helpers/netns-topology.js';
+import { cutUp, tableDown } from './underlay-rules.js';
+
+/** The clock of the whole bench: epoch ms with a fraction, as client-loop.ts stamps its lines. */
+export const now = () => performance.timeOrigin + performance.now();
+
+export interface FaultContext {
+  mesh: MeshNetns;
+  /** The bench's nftables table name for a cut (underlay-rules.ts). */
+  cutTable: string;
+}
+
+export interface FaultKind {
+  name: string;
+  /** What is done to the exit, for the table and the docs. */
+  what: string;
+  /**
+   * Why the agent cannot fail over on this fault at all yet (checked in its source), when it
+   * cannot; such a kind has no inject, is left out of the default run and refused by --faults.
+   */
+  notYet?: string;
+  /** Injects the fault; resolves with the time (now()) from which it is surely in effect. */
+  inject?(c: FaultContext): Promise<number>;
+  /** Undoes it. */
+  recover?(c: FaultContext): Promise<void>;
+}
+
+export const FAULTS: readonly FaultKind[] = [
+  {
+    name: 'kill9',
+    what: "kill -9 of the exit's agent, restarted to recover",
+    async inject({ mesh }) {
+      const at = now();
+      await mesh.exit.agent.kill9();
+      return at;
+    },
+    recover: ({ mesh }) => mesh.exit.agent.restart(),
+  },
+  {
+    name: 'sigstop',
+    what: "SIGSTOP of the exit's agent (its tunnel silent, not closed), SIGCONT to recover",
+    async inject({ mesh }) {
+      const at = now();
+      process.kill(mesh.exit.agent.pid, 'SIGSTOP');
+      return at;
+    },
+    async recover({ mesh }) {
+      process.kill(mesh.exit.agent.pid, 'SIGCONT');
+    },
+  },
+  {
+    name: 'underlay',
+    what: "every packet on the exit's underlay link (e1, to the ingress) dropped by nftables in its namespace",
+    async inject({ mesh, cutTable }) {
+      await cutUp(mesh.topo, mesh.topo.ns.exit, 'e1', cutTable);
+      return now();
+    },
+    recover: ({ mesh, cutTable }) => tableDown(mesh.topo, mesh.topo.ns.exit, cutTable),
+  },
+  {
+    // Seen by the exit's own route check (src/dataplane/exit-reach.ts), which tells the ingress
+    // over the tunnel (status message kind 9): the tunnel itself stays healthy.
+    name: 'lan-down',
+    what: "the exit's LAN link (e0, toward the destination) set down",
+    async inject({ mesh }) {
+      await mesh.topo.run(mesh.topo.ns.exit, 'ip', ['link', 'set', 'e0', 'down']);
+      return now();
+    },
+    async recover({ mesh }) {
+      const ns = mesh.topo.ns.exit;
+      await mesh.topo.run(ns, 'ip', ['link', 'set', 'e0', 'up']);
+      // Linux drops a link's IPv6 addresses when it goes down (IPv4 ones stay).
+      const v6 = await mesh.topo.run(ns, 'ip', ['-6', 'addr', 'show', 'dev', 'e0']);
+      if (!v6.includes(IP.exitOut6))
+        await mesh.topo.run(ns, 'ip', ['addr', 'add', `${IP.exitOut6}/64`, 'dev', 'e0', 'nodad']);
+    },
+  },
+  {
+    name: 'probe',
+    what: "the exit's probe target blocked",
+    notYet:
+      'services have no probe yet: the API takes no health_check and no exit runs one, so there is no probe target to block',
+  },
+];
