@@ -340,13 +340,28 @@ describe('DataPlane with a recording kernel: reconciling', { timeout: 60_000 }, 
 
     // Both tunnels are down (LOCAL does not dial; nobody dials it): both TUNs are refused.
     assert.deepEqual(refusedTuns(nft).sort(), [TUN1, TUN2].sort());
-    assert.deepEqual(dp.status(S1), {
+    // The ingress's verdict on S1: its tunnel never up, unknown, standing aside (owing no hold-down).
+    const { health, ...status } = dp.status(S1);
+    assert.deepEqual(
+      { ...health, since: 0 },
+      {
+        state: 'unknown',
+        reason: null,
+        since: 0,
+        carrying: false,
+        standbyReason: 'unknown',
+        holdDownUntil: null,
+      },
+    );
+    assert.ok(Math.abs(health!.since - Date.now()) < 60_000, 'since is wall-clock time');
+    assert.deepEqual(status, {
       role: 'ingress',
       state: 'down',
       exit_mode: null,
       interface: TUN1,
       problem: null,
       transparent: null,
+      exitReach: null,
       streams: { open: 0, opened: 0, bytesUp: 0, bytesDown: 0, resets: 0, refused: 0 },
       counters: { packetsSent: 0, bytesSent: 0, packetsReceived: 0, bytesReceived: 0, dropped: 0 },
     });
@@ -411,6 +426,8 @@ describe('DataPlane with a recording kernel: reconciling', { timeout: 60_000 }, 
       interface: null,
       problem: null,
       transparent: null,
+      health: null,
+      exitReach: null,
       streams: { open: 0, opened: 0, bytesUp: 0, bytesDown: 0, resets: 0, refused: 0 },
       counters: { packetsSent: 0, bytesSent: 0, packetsReceived: 0, bytesReceived: 0, dropped: 0 },
     });

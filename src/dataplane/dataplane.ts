@@ -194,6 +194,8 @@ export interface DataPlaneFootprint {
 
 /** How long an exit waits for a destination to accept a stream's connection. */
 const EXIT_CONNECT_TIMEOUT_MS = 10_000;
+/** The finest grain at which the ingress judges its services' health (ms). */
+const JUDGE_TICK_MS = 100;
 /** How often an exit repeats an unchanged status to its ingress (a lost one is made good). */
 const STATUS_REPEAT_MS = 2000;
 /** How long the probe from the MACVLAN address (after a transparent connection got no answer) waits. */
@@ -333,6 +335,8 @@ export class DataPlane {
       transport.on('state', (peerId, state) => {
         // A dead tunnel resets its streams: their clients see an error, never a hang.
         if (state !== 'up') this.streams?.muxes.get(kind)?.peerDown(peerId);
+        // A tunnel that closed (an exit that died) is judged at once, not at the next tick.
+        if (state === 'down') this.judgeHealth();
         this.schedule();
       });
       transport.on('drain', (peerId) => {
@@ -609,10 +613,16 @@ export class DataPlane {
     await this.settle();
     this.timer = setInterval(() => this.schedule(), this.options.reconcileIntervalMs ?? 10_000);
     this.timer.unref();
+    // Silence is judged at a finer grain than the keepalive interval, so that a silent tunnel is
+    // caught soon after `misses` intervals, not up to one interval later; the exit's route check
+    // (an exec) runs once per interval.
+    const tick = Math.min(JUDGE_TICK_MS, this.failover.intervalMs);
+    const checkEvery = Math.max(1, Math.round(this.failover.intervalMs / tick));
+    let ticks = 0;
     this.healthTimer = setInterval(() => {
       this.judgeHealth();
-      void this.checkExits();
-    }, this.failover.intervalMs);
+      if (ticks++ % checkEvery === 0) void this.checkExits();
+    }, tick);
     this.healthTimer.unref();
   }
 

@@ -15,6 +15,8 @@
  * - `udp HOST PORT TEXT`: sends TEXT, prints the echo, exits 1 after 3 s without one.
  * - `udp-send HOST PORT HEX...`: sends each hex string as one datagram from one ephemeral socket
  *   (forged and replayed datagrams), then exits.
+ * - `udp-flow HOST PORT INTERVAL_MS`: one UDP flow (one socket, one source port) sending `n`
+ *   every INTERVAL_MS until killed; prints `echo n` for each answer.
  * - `burst URL N`: N concurrent GETs, each a new connection; prints a JSON array of statuses
  *   (or error codes).
  */
@@ -22,6 +24,7 @@ import { createCipheriv, createHash } from 'node:crypto';
 import dgram from 'node:dgram';
 import http from 'node:http';
 import net from 'node:net';
+import { networkInterfaces } from 'node:os';
 
 /** Every 64 KiB block of the test stream starts with this marker (looked for in captures). */
 export const MARKER = 'MESH-MARKER-7d1e';
@@ -107,12 +110,22 @@ function serve(httpPort: number, udpPort: number): void {
       s.on('error', () => {});
     })
     .listen(httpPort + 2, '::');
-  const udp = dgram.createSocket({ type: 'udp6', ipv6Only: false });
-  udp.on('message', (msg, rinfo) => {
-    process.stdout.write(`udp-remote ${rinfo.address.replace(/^::ffff:/, '')}\n`);
-    udp.send(msg, rinfo.port, rinfo.address);
-  });
-  udp.bind(udpPort, '::');
+  // One echo socket per address the destination has (and the wildcard for the rest): an answer
+  // leaves from the address it was sent to, as NAT on its way back needs. From a wildcard socket
+  // the kernel picks the source by route, which on a host with two legs may be the other leg's.
+  const echo = (udp: dgram.Socket) =>
+    udp.on('message', (msg, rinfo) => {
+      process.stdout.write(`udp-remote ${rinfo.address.replace(/^::ffff:/, '')}\n`);
+      udp.send(msg, rinfo.port, rinfo.address);
+    });
+  echo(dgram.createSocket({ type: 'udp6', ipv6Only: false, reuseAddr: true })).bind(udpPort, '::');
+  for (const a of Object.values(networkInterfaces()).flat()) {
+    if (!a || a.internal || (a.family === 'IPv6' && a.address.startsWith('fe80'))) continue;
+    echo(dgram.createSocket({ type: a.family === 'IPv6' ? 'udp6' : 'udp4', reuseAddr: true })).bind(
+      udpPort,
+      a.address,
+    );
+  }
   server.on('listening', () => process.stdout.write('listening\n'));
 }
 
@@ -193,6 +206,13 @@ function udpSend(host: string, port: number, hex: string[]): void {
   }
 }
 
+function udpFlow(host: string, port: number, intervalMs: number): void {
+  const sock = dgram.createSocket(host.includes(':') ? 'udp6' : 'udp4');
+  sock.on('message', (msg) => process.stdout.write(`echo ${msg.toString()}\n`));
+  let n = 0;
+  setInterval(() => sock.send(String(n++), port, host), intervalMs);
+}
+
 if (process.argv[1]?.endsWith('netns-apps.js')) {
   const [cmd, ...args] = process.argv.slice(2);
   if (cmd === 'serve') serve(Number(args[0]), Number(args[1]));
@@ -200,6 +220,7 @@ if (process.argv[1]?.endsWith('netns-apps.js')) {
   else if (cmd === 'burst') burst(args[0]!, Number(args[1]));
   else if (cmd === 'tcp') tcpClient(args[0]!, Number(args[1]), args[2]!);
   else if (cmd === 'udp-send') udpSend(args[0]!, Number(args[1]), args.slice(2));
+  else if (cmd === 'udp-flow') udpFlow(args[0]!, Number(args[1]), Number(args[2]));
   else {
     process.stderr.write(`unknown command ${cmd}\n`);
     process.exit(2);
