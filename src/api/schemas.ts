@@ -401,8 +401,15 @@ export const ServiceDataPlane = Type.Object(
         "at the exit: whether its kernel has a usable route toward every route's destination (failover, " +
         'docs/dataplane.md), as it tells the ingress; null elsewhere and before its first check',
     }),
+    probe_passing: Type.Union([Type.Boolean(), Type.Null()], {
+      description:
+        'at the exit of a service with a health_check: whether its probe passes (failures in a row make it fail); ' +
+        'null elsewhere, without a health_check, and before its first verdict',
+    }),
     forward_problem: Type.Union([Type.String(), Type.Null()], {
-      description: 'at the exit, when can_forward is false: which destination has no usable route, and why',
+      description:
+        'at the exit, when can_forward or probe_passing is false: which destination has no usable route, or ' +
+        "the probe's last error",
     }),
   },
   { description: "this agent's view of the service's data plane (not replicated)" },

@@ -117,8 +117,13 @@ export function dataplaneView(status: ServiceDataPlaneStatus) {
     stream_bytes_down: status.streams.bytesDown,
     streams_reset: status.streams.resets,
     streams_refused: status.streams.refused,
-    can_forward: status.exitReach?.canForward ?? null,
-    forward_problem: status.exitReach && !status.exitReach.canForward ? status.exitReach.detail : null,
+    can_forward: status.exitStatus?.canForward ?? null,
+    probe_passing: status.exitStatus?.probePassing ?? null,
+    forward_problem:
+      status.exitStatus &&
+      (status.exitStatus.canForward === false || status.exitStatus.probePassing === false)
+        ? status.exitStatus.detail
+        : null,
   };
 }
 

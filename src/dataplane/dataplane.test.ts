@@ -1,6 +1,7 @@
 // Unit tests of the DataPlane shell without root: the recording kernel (transcript of the real
 // command lines, fake TUNs) and the in-memory transport stand in for the kernel and the network.
 import assert from 'node:assert/strict';
+import net from 'node:net';
 import { afterEach, describe, it } from 'node:test';
 import { pino } from 'pino';
 import { udpV4 } from '../../test/helpers/ip-packets.js';
@@ -361,7 +362,7 @@ describe('DataPlane with a recording kernel: reconciling', { timeout: 60_000 }, 
       interface: TUN1,
       problem: null,
       transparent: null,
-      exitReach: null,
+      exitStatus: null,
       streams: { open: 0, opened: 0, bytesUp: 0, bytesDown: 0, resets: 0, refused: 0 },
       counters: { packetsSent: 0, bytesSent: 0, packetsReceived: 0, bytesReceived: 0, dropped: 0 },
     });
@@ -427,7 +428,7 @@ describe('DataPlane with a recording kernel: reconciling', { timeout: 60_000 }, 
       problem: null,
       transparent: null,
       health: null,
-      exitReach: null,
+      exitStatus: null,
       streams: { open: 0, opened: 0, bytesUp: 0, bytesDown: 0, resets: 0, refused: 0 },
       counters: { packetsSent: 0, bytesSent: 0, packetsReceived: 0, bytesReceived: 0, dropped: 0 },
     });
@@ -923,6 +924,39 @@ describe('DataPlane with a memory network: tunnels and packets', { timeout: 60_0
     b.kernel.answerRouteGet('10.92.0.0', { ...lan, usable: false, operstate: 'LOWERLAYERDOWN' });
     await eventually('S1 stands aside a third time', () => a.dp.healthOf(S1)?.reason === 'exit_no_route');
     assert.equal(a.dp.healthChangeCounts().get('exit_no_route'), 3);
+  });
+
+  it("failover: the exit's probe (health_check), told to the ingress: fails after its failures in a row, passes again", async () => {
+    const failover = { intervalMs: 20, misses: 3, holdDownMs: 0 };
+    const target = net.createServer((s) => s.destroy());
+    await new Promise<void>((resolve) => target.listen(0, '127.0.0.1', resolve));
+    const port = (target.address() as net.AddressInfo).port;
+    const probed = {
+      ...svc(S1, A, B),
+      healthCheck: {
+        kind: 'tcp' as const,
+        target: `127.0.0.1:${port}`,
+        address: '127.0.0.1',
+        family: 4 as const,
+        port,
+        intervalMs: 100,
+        failures: 2,
+      },
+    };
+    const network = new MemoryNetwork();
+    const a = plane(network, A, { failover });
+    const b = plane(network, B, { failover });
+    await Promise.all([a.dp.start(view(A, [probed], routes())), b.dp.start(view(B, [probed], routes()))]);
+    await bothUp(a, b);
+    await eventually('the probe passes', () => b.dp.status(S1).exitStatus?.probePassing === true);
+    assert.equal(a.dp.healthOf(S1)?.carrying, true);
+
+    await new Promise((resolve) => target.close(resolve));
+    await eventually('S1 stands aside: probe_failed', () => a.dp.healthOf(S1)?.reason === 'probe_failed');
+    assert.match(b.dp.status(S1).exitStatus?.detail ?? '', /ECONNREFUSED/);
+    await new Promise<void>((resolve) => target.listen(port, '127.0.0.1', resolve));
+    await eventually('S1 carries again', () => a.dp.healthOf(S1)?.carrying === true);
+    target.close();
   });
 
   it('carries packets between the TUNs of two data planes both ways, in one TUN write per batch, with counters', async () => {

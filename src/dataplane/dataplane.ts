@@ -17,6 +17,7 @@
 import { lookup } from 'node:dns/promises';
 import { createServer, isIP, isIPv6, type Server, type Socket } from 'node:net';
 import type { Logger } from 'pino';
+import type { HealthProbe } from '../domain/health-check.js';
 import { parsePeerAddress } from '../domain/peer-address.js';
 import { type TunnelMessage, type TunnelTransport, wholeOf } from '../transports/tunnel.js';
 import { diff } from './diff.js';
@@ -38,6 +39,7 @@ import {
   RouteMatcher,
   type TransportKind,
 } from './plan.js';
+import { ProbeVerdicts, probeOnce } from './probe.js';
 import { forwardingProblems, hasNetAdmin } from './requirements.js';
 import { FairShaper } from './shaper.js';
 import { SlotTable } from './slots.js';
@@ -151,8 +153,11 @@ export interface ServiceDataPlaneStatus {
   transparent: { ready: boolean; reasons: string[] } | null;
   /** At the ingress: the failover verdict on the service (health.ts), times as wall-clock ms. */
   health: HealthVerdict | null;
-  /** At the exit: whether it can forward toward every route's destination (exit-reach.ts); null before its first check. */
-  exitReach: ExitReachVerdict | null;
+  /**
+   * At the exit: what it tells the ingress (its route check, exit-reach.ts; its probe,
+   * probe.ts); null elsewhere and before either has a verdict.
+   */
+  exitStatus: Omit<ServiceStatus, 'serviceId'> | null;
 }
 
 interface Carried {
@@ -284,6 +289,10 @@ export class DataPlane {
   /** At the exit: what it last told each service's ingress, and when (status-frames.ts). */
   private readonly exitToldIngress = new Map<string, { status: ServiceStatus; at: number }>();
   private exitCheckRunning = false;
+  /** At the exit: the route check's last verdicts, by service. */
+  private exitReachVerdicts = new Map<string, ExitReachVerdict>();
+  /** At the exit: the services' active probes (health_check). */
+  private readonly probes = new ProbeVerdicts();
   /** Ingress services standing aside (health.ts): their routes rank last (plan.ts routeOrder). */
   private standby: ReadonlySet<string> = new Set();
   /** Services that stepped aside since the last reconcile: their streams are looked at after it. */
@@ -621,6 +630,7 @@ export class DataPlane {
     let ticks = 0;
     this.healthTimer = setInterval(() => {
       this.judgeHealth();
+      this.runProbes(performance.now());
       if (ticks++ % checkEvery === 0) void this.checkExits();
     }, tick);
     this.healthTimer.unref();
@@ -669,7 +679,7 @@ export class DataPlane {
         streams: this.streamStats(serviceId),
         transparent: null,
         health: null,
-        exitReach: null,
+        exitStatus: null,
       };
     }
     const tunnel = this.tunnelOf(c.service);
@@ -699,11 +709,13 @@ export class DataPlane {
       transparent: this.transparent.readiness(serviceId),
       health:
         c.service.role === 'ingress' ? wallClock(this.health.verdict(serviceId, performance.now())) : null,
-      exitReach:
+      exitStatus:
         c.service.role === 'exit'
           ? (() => {
               const told = this.exitToldIngress.get(serviceId)?.status;
-              return told ? { canForward: told.canForward === true, detail: told.detail } : null;
+              return told
+                ? { canForward: told.canForward, probePassing: told.probePassing, detail: told.detail }
+                : null;
             })()
           : null,
     };
@@ -1172,28 +1184,78 @@ export class DataPlane {
     } finally {
       this.exitCheckRunning = false;
     }
-    const now = performance.now();
-    for (const c of exits) {
-      const id = c.service.serviceId;
-      const verdict = verdicts.get(id);
-      const tunnel = this.tunnelOf(c.service);
-      if (!verdict || this.carried.get(id) !== c) continue;
-      const status: ServiceStatus = {
-        serviceId: id,
-        canForward: verdict.canForward,
-        probePassing: null,
-        detail: verdict.detail,
-      };
-      const told = this.exitToldIngress.get(id);
-      const changed = told?.status.canForward !== status.canForward || told.status.detail !== status.detail;
-      if (status.canForward !== (told?.status.canForward ?? true)) {
-        if (status.canForward)
+    for (const [id, verdict] of verdicts) {
+      const before = this.exitReachVerdicts.get(id)?.canForward ?? true;
+      if (verdict.canForward !== before) {
+        if (verdict.canForward)
           this.options.logger.info({ service: id }, 'exit can forward the service again');
         else
-          this.options.logger.warn({ service: id, detail: status.detail }, 'exit cannot forward the service');
+          this.options.logger.warn(
+            { service: id, detail: verdict.detail },
+            'exit cannot forward the service',
+          );
       }
+    }
+    this.exitReachVerdicts = verdicts;
+    this.tellIngress();
+  }
+
+  /**
+   * At the exit: starts the services' probes that are due (probe.ts), each from the address the
+   * service's traffic leaves from. A verdict that changes is logged once and told at once.
+   */
+  private runProbes(now: number): void {
+    const view = this.view;
+    if (this.stopped || !view) return;
+    const probes = new Map<string, HealthProbe>();
+    const exits = new Map<string, Carried>();
+    for (const s of view.services) {
+      const c = this.carried.get(s.id);
+      if (c?.service.role !== 'exit' || !s.healthCheck) continue;
+      probes.set(s.id, s.healthCheck);
+      exits.set(s.id, c);
+    }
+    for (const id of this.probes.due(probes, now)) {
+      const probe = probes.get(id)!;
+      const from = this.macvlanAddress(exits.get(id)!, probe.family);
+      void probeOnce(probe, from).then(({ ok, detail }) => {
+        if (!this.probes.record(id, probe, ok, detail) || this.stopped) return;
+        if (ok) this.options.logger.info({ service: id, probe: probe.target }, "exit's probe passes again");
+        else this.options.logger.warn({ service: id, detail }, "exit's probe fails");
+        this.tellIngress();
+      });
+    }
+  }
+
+  /**
+   * At the exit: tells each service's ingress what its route check and probe say
+   * (status-frames.ts), when that changes and every STATUS_REPEAT_MS, so that a new tunnel hears
+   * it soon and a lost message is made good.
+   */
+  private tellIngress(): void {
+    const now = performance.now();
+    const exitIds = new Set<string>();
+    for (const c of this.carried.values()) {
+      if (c.service.role !== 'exit') continue;
+      const id = c.service.serviceId;
+      exitIds.add(id);
+      const reach = this.exitReachVerdicts.get(id);
+      const probePassing = this.probes.passing(id);
+      if (!reach && probePassing === null) continue;
+      const status: ServiceStatus = {
+        serviceId: id,
+        canForward: reach?.canForward ?? null,
+        probePassing,
+        detail: [reach?.detail ?? '', this.probes.detail(id)].filter((d) => d !== '').join('; '),
+      };
+      const told = this.exitToldIngress.get(id);
+      const changed =
+        told?.status.canForward !== status.canForward ||
+        told.status.probePassing !== status.probePassing ||
+        told.status.detail !== status.detail;
+      const tunnel = this.tunnelOf(c.service);
       if (tunnel?.state !== 'up') {
-        // Told again as soon as a tunnel is up.
+        // Told as soon as a tunnel is up.
         this.exitToldIngress.set(id, { status, at: Number.NEGATIVE_INFINITY });
         continue;
       }
@@ -1201,7 +1263,8 @@ export class DataPlane {
       tunnel.send([encodeServiceStatus(status)]);
       this.exitToldIngress.set(id, { status, at: now });
     }
-    for (const id of this.exitToldIngress.keys()) if (!verdicts.has(id)) this.exitToldIngress.delete(id);
+    for (const id of this.exitToldIngress.keys()) if (!exitIds.has(id)) this.exitToldIngress.delete(id);
+    for (const id of this.exitReachVerdicts.keys()) if (!exitIds.has(id)) this.exitReachVerdicts.delete(id);
   }
 
   /** The exit's word on a service this agent is the ingress of; judged at the next interval. */
