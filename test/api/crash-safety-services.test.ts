@@ -54,6 +54,8 @@ interface ServiceFields {
   interface_ipv6_cidr: string | null;
   fully_transparent: boolean;
   bandwidth_limit_mbps: number;
+  /** Never set by these writes: an extension whose own tests are in services.test.ts. */
+  health_check: null;
 }
 
 /** A route as the agent must store it: canonical CIDRs, null for an absent one. */
@@ -266,6 +268,7 @@ describe('crash safety: services and routes acknowledged before a SIGKILL surviv
       interface_ipv6_cidr: ipv6,
       fully_transparent: transparent,
       bandwidth_limit_mbps: bandwidth,
+      health_check: null,
     };
     return { kind: 'create', outcome: 'pending', body, fields };
   }
