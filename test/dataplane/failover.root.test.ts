@@ -25,254 +25,390 @@ const HOLD_DOWN_MS = 4000;
 /** Generous bounds that still tell a switch from a hang; bench/failover measures the real times. */
 const MOVE_WITHIN_MS = 15_000;
 
-describe('data plane: failover between two exits', { timeout: 600_000 }, () => {
-  let mesh: MeshNetns;
-  let first: string;
-  let second: string;
+for (const transport of ['tcp', 'kcp'] as const) {
+  describe(`data plane: failover between two exits (${transport})`, { timeout: 600_000 }, () => {
+    let mesh: MeshNetns;
+    let first: string;
+    let second: string;
 
-  before(async () => {
-    await requireNetnsSupport();
-    mesh = await meshNetnsUp('mdfo', 47, { agentArgs: ['--failover-hold-down-ms', String(HOLD_DOWN_MS)] });
-    const { ingress, exit, exit2 } = mesh;
-    const route = { source_cidr: '10.91.1.0/24', dest_cidr: '10.91.2.0/24' };
-    first = await createService(ingress, { target_peer_id: exit.peerId, transport_type: 'tcp' }, [
-      { priority: 10, ...route },
-    ]);
-    second = await createService(ingress, { target_peer_id: exit2.peerId, transport_type: 'tcp' }, [
-      { priority: 20, ...route },
-    ]);
-    await waitUp(first, ingress, exit);
-    await waitUp(second, ingress, exit2);
-  });
-  after(async () => {
-    await mesh?.down();
-  });
-
-  /** The address the destination saw the request from: the exit it left by. */
-  const seenFrom = async (): Promise<string> => {
-    const out = await mesh.topo.run(mesh.topo.ns.client, 'curl', [
-      '-sS',
-      '--max-time',
-      '2',
-      `http://${IP.dest}:${HTTP}/`,
-    ]);
-    return (JSON.parse(out) as { remote: string }).remote;
-  };
-
-  /** One UDP flow (one source port) from the client, an echo every 100 ms; its answers so far. */
-  const udpFlow = () => {
-    const flow = spawnIn(mesh.topo.ns.client, process.execPath, [
-      APPS,
-      'udp-flow',
-      IP.dest,
-      String(UDP),
-      '100',
-    ]);
-    let echoes = 0;
-    flow.stdout.on('data', (d: Buffer) => {
-      echoes += d
-        .toString()
-        .split('\n')
-        .filter((l) => l.startsWith('echo ')).length;
+    before(async () => {
+      await requireNetnsSupport();
+      mesh = await meshNetnsUp(transport === 'tcp' ? 'mdfo' : 'mdfk', transport === 'tcp' ? 47 : 48, {
+        agentArgs: ['--failover-hold-down-ms', String(HOLD_DOWN_MS)],
+      });
+      const { ingress, exit, exit2 } = mesh;
+      const route = { source_cidr: '10.91.1.0/24', dest_cidr: '10.91.2.0/24' };
+      first = await createService(ingress, { target_peer_id: exit.peerId, transport_type: transport }, [
+        { priority: 10, ...route },
+      ]);
+      second = await createService(ingress, { target_peer_id: exit2.peerId, transport_type: transport }, [
+        { priority: 20, ...route },
+      ]);
+      await waitUp(first, ingress, exit);
+      await waitUp(second, ingress, exit2);
     });
-    return { echoes: () => echoes, stop: () => flow.kill() };
-  };
+    after(async () => {
+      await mesh?.down();
+    });
 
-  /**
-   * One fault of the first exit: traffic through it, a UDP flow through it, the fault; then new
-   * connections and the flow through the second exit, the service unhealthy for `reason`; then
-   * the fault undone and the traffic back through the first after the hold-down.
-   */
-  async function trial(
-    name: string,
-    reason: string,
-    inject: () => Promise<void>,
-    undo: () => Promise<void>,
-  ): Promise<void> {
-    await until('through the first exit', async () => assert.equal(await seenFrom(), IP.exitOut), 30_000);
-    const flow = udpFlow();
-    await until(
-      'the UDP flow answered through the first exit',
-      async () => {
-        assert.ok(flow.echoes() > 0);
-        assert.match(mesh.destLog(), new RegExp(`^udp-remote ${IP.exitOut}$`, 'm'));
-      },
-      10_000,
-    );
-    await inject();
-    const faultAt = performance.now();
-    const logAtFault = mesh.destLog().length;
-    try {
+    /** The address the destination saw the request from: the exit it left by. */
+    const seenFrom = async (): Promise<string> => {
+      const out = await mesh.topo.run(mesh.topo.ns.client, 'curl', [
+        '-sS',
+        '--max-time',
+        '2',
+        `http://${IP.dest}:${HTTP}/`,
+      ]);
+      return (JSON.parse(out) as { remote: string }).remote;
+    };
+
+    /** One UDP flow (one source port) from the client, an echo every 100 ms; its answers so far. */
+    const udpFlow = () => {
+      const flow = spawnIn(mesh.topo.ns.client, process.execPath, [
+        APPS,
+        'udp-flow',
+        IP.dest,
+        String(UDP),
+        '100',
+      ]);
+      let echoes = 0;
+      flow.stdout.on('data', (d: Buffer) => {
+        echoes += d
+          .toString()
+          .split('\n')
+          .filter((l) => l.startsWith('echo ')).length;
+      });
+      return { echoes: () => echoes, stop: () => flow.kill() };
+    };
+
+    /**
+     * One fault of the first exit: traffic through it, a UDP flow through it, the fault; then new
+     * connections and the flow through the second exit, the service unhealthy for `reason`; then
+     * the fault undone and the traffic back through the first after the hold-down.
+     */
+    async function trial(
+      name: string,
+      reason: string,
+      inject: () => Promise<void>,
+      undo: () => Promise<void>,
+    ): Promise<void> {
+      await until('through the first exit', async () => assert.equal(await seenFrom(), IP.exitOut), 30_000);
+      const flow = udpFlow();
       await until(
-        'through the second exit',
-        async () => assert.equal(await seenFrom(), IP.exit2Out),
-        MOVE_WITHIN_MS,
-      );
-      const movedMs = performance.now() - faultAt;
-      console.log(`# ${name}: new connections through the second exit after ${movedMs.toFixed(0)} ms`);
-      // The same UDP flow (its source port unchanged) moves too, and is answered.
-      const echoesAtMove = flow.echoes();
-      await until(
-        'the UDP flow through the second exit',
+        'the UDP flow answered through the first exit',
         async () => {
-          assert.match(mesh.destLog().slice(logAtFault), new RegExp(`^udp-remote ${IP.exit2Out}$`, 'm'));
-          assert.ok(flow.echoes() > echoesAtMove);
+          assert.ok(flow.echoes() > 0);
+          assert.match(mesh.destLog(), new RegExp(`^udp-remote ${IP.exitOut}$`, 'm'));
         },
         10_000,
       );
-      const seen = (await serviceAt(mesh.ingress, first)) as unknown as {
-        health: { state: string; reason: string | null; carrying: boolean };
-        routes: { active: boolean; standby_reason: string | null }[];
-      };
-      assert.equal(seen.health.state, 'unhealthy', `${name}: ${JSON.stringify(seen.health)}`);
-      assert.equal(seen.health.reason, reason);
-      assert.deepEqual(
-        seen.routes.map((r) => [r.active, r.standby_reason]),
-        [[false, reason]],
-      );
-    } finally {
-      flow.stop();
-      await undo();
-    }
-    const undoneAt = performance.now();
-    await until(
-      'back through the first exit',
-      async () => assert.equal(await seenFrom(), IP.exitOut),
-      60_000,
-    );
-    const backMs = performance.now() - undoneAt;
-    console.log(`# ${name} undone: traffic back through the first exit after ${backMs.toFixed(0)} ms`);
-    assert.ok(
-      backMs >= HOLD_DOWN_MS * 0.5,
-      `${name}: back after ${backMs.toFixed(0)} ms, before the hold-down`,
-    );
-  }
-
-  it('the first exit killed (kill -9): moves, and returns after the hold-down once it is back', async () => {
-    const { ingress, exit } = mesh;
-    await trial(
-      'kill -9',
-      'tunnel_silent',
-      () => exit.agent.kill9(),
-      async () => {
-        await exit.agent.restart();
-        await waitUp(first, exit);
-      },
-    );
-    const metrics = (await ingress.agent.client.get('/metrics', { token: ingress.token })).text;
-    assert.match(metrics, new RegExp(`^mesh_dataplane_service_carrying\\{service_id="${first}"\\} 1$`, 'm'));
-    assert.match(metrics, new RegExp(`^mesh_dataplane_service_carrying\\{service_id="${second}"\\} 1$`, 'm'));
-    assert.match(metrics, /^mesh_dataplane_service_health_changes_total\{to="tunnel_silent"\} [1-9]/m);
-  });
-
-  it('the first exit hung (SIGSTOP: its tunnel silent, not closed)', async () => {
-    const { pid } = mesh.exit.agent;
-    await trial(
-      'SIGSTOP',
-      'tunnel_silent',
-      async () => {
-        process.kill(pid, 'SIGSTOP');
-      },
-      async () => {
-        process.kill(pid, 'SIGCONT');
-      },
-    );
-  });
-
-  it('the underlay between the ingress and the first exit cut (an nftables drop at the exit)', async () => {
-    const nft = (...args: string[]) => mesh.topo.run(mesh.topo.ns.exit, 'nft', args);
-    await trial(
-      'underlay cut',
-      'tunnel_silent',
-      async () => {
-        await nft('add', 'table', 'inet', 'mdfo_cut');
-        await nft('add', 'chain', 'inet', 'mdfo_cut', 'in', '{ type filter hook input priority -10; }');
-        await nft('add', 'chain', 'inet', 'mdfo_cut', 'out', '{ type filter hook output priority -10; }');
-        await nft('add', 'rule', 'inet', 'mdfo_cut', 'in', 'iifname', 'e1', 'drop');
-        await nft('add', 'rule', 'inet', 'mdfo_cut', 'out', 'oifname', 'e1', 'drop');
-      },
-      async () => {
-        await nft('delete', 'table', 'inet', 'mdfo_cut');
-      },
-    );
-  });
-
-  it("the first exit's LAN interface down: its own route check, even with a default route to fall to", async () => {
-    const { topo, ingress } = mesh;
-    const ip = (...args: string[]) => topo.run(topo.ns.exit, 'ip', args);
-    // Like most hosts, the exit has a default route (here toward the ingress): with its LAN
-    // down, the lookup for the destination falls through to it rather than failing.
-    await ip('route', 'add', 'default', 'via', IP.ingressUl);
-    try {
-      await trial(
-        'LAN down',
-        'exit_no_route',
-        () => ip('link', 'set', 'e0', 'down').then(() => undefined),
-        async () => {
-          await ip('link', 'set', 'e0', 'up');
-        },
-      );
-    } finally {
-      await ip('route', 'del', 'default', 'via', IP.ingressUl).catch(() => undefined);
-    }
-    const metrics = (await ingress.agent.client.get('/metrics', { token: ingress.token })).text;
-    assert.match(metrics, /^mesh_dataplane_service_health_changes_total\{to="exit_no_route"\} [1-9]/m);
-  });
-
-  it('a /25 via the first exit falls back to the /24 via the second; with neither up, nothing gets through', async () => {
-    const { ingress, exit, exit2 } = mesh;
-    const routesOf = async (id: string) =>
-      (await ingress.agent.client.get(`/v1/services/${id}/routes`, { token: ingress.token })).body as {
-        id: number;
-      }[];
-    const [firstRoute] = await routesOf(first);
-    const put = async (body: Record<string, unknown>) => {
-      const res = await ingress.agent.client.put(`/v1/services/${first}/routes/${firstRoute!.id}`, {
-        token: ingress.token,
-        json: body,
-      });
-      assert.equal(res.status, 200, res.text);
-    };
-    // The same priority as the second's /24: the first wins by its longer destination.
-    await put({ priority: 20, dest_cidr: '10.91.2.0/25' });
-    try {
-      await until(
-        'through the first exit (/25)',
-        async () => assert.equal(await seenFrom(), IP.exitOut),
-        30_000,
-      );
-      await exit.agent.kill9();
-      await until(
-        'through the second exit (/24)',
-        async () => assert.equal(await seenFrom(), IP.exit2Out),
-        MOVE_WITHIN_MS,
-      );
-      process.kill(exit2.agent.pid, 'SIGSTOP');
+      await inject();
+      const faultAt = performance.now();
+      const logAtFault = mesh.destLog().length;
       try {
         await until(
-          'the second stands aside too',
-          async () => {
-            const health = (
-              (await serviceAt(ingress, second)) as unknown as { health: { carrying: boolean } }
-            ).health;
-            assert.equal(health.carrying, false);
-          },
+          'through the second exit',
+          async () => assert.equal(await seenFrom(), IP.exit2Out),
           MOVE_WITHIN_MS,
         );
-        // No route left: the request fails, as it does without failover.
-        await assert.rejects(seenFrom(), 'a request got through with both exits down');
+        const movedMs = performance.now() - faultAt;
+        console.log(`# ${name}: new connections through the second exit after ${movedMs.toFixed(0)} ms`);
+        // The same UDP flow (its source port unchanged) moves too, and is answered.
+        const echoesAtMove = flow.echoes();
+        await until(
+          'the UDP flow through the second exit',
+          async () => {
+            assert.match(mesh.destLog().slice(logAtFault), new RegExp(`^udp-remote ${IP.exit2Out}$`, 'm'));
+            assert.ok(flow.echoes() > echoesAtMove);
+          },
+          10_000,
+        );
+        const seen = (await serviceAt(mesh.ingress, first)) as unknown as {
+          health: { state: string; reason: string | null; carrying: boolean };
+          routes: { active: boolean; standby_reason: string | null }[];
+        };
+        assert.equal(seen.health.state, 'unhealthy', `${name}: ${JSON.stringify(seen.health)}`);
+        assert.equal(seen.health.reason, reason);
+        assert.deepEqual(
+          seen.routes.map((r) => [r.active, r.standby_reason]),
+          [[false, reason]],
+        );
       } finally {
-        process.kill(exit2.agent.pid, 'SIGCONT');
+        flow.stop();
+        await undo();
       }
-    } finally {
-      await exit.agent.restart().catch(() => undefined);
-      await put({ priority: 10, dest_cidr: '10.91.2.0/24' });
+      const undoneAt = performance.now();
+      await until(
+        'back through the first exit',
+        async () => assert.equal(await seenFrom(), IP.exitOut),
+        60_000,
+      );
+      const backMs = performance.now() - undoneAt;
+      console.log(`# ${name} undone: traffic back through the first exit after ${backMs.toFixed(0)} ms`);
+      assert.ok(
+        backMs >= HOLD_DOWN_MS * 0.5,
+        `${name}: back after ${backMs.toFixed(0)} ms, before the hold-down`,
+      );
     }
-    await waitUp(first, exit);
-    await until(
-      'through the first exit again',
-      async () => assert.equal(await seenFrom(), IP.exitOut),
-      60_000,
-    );
+
+    it('the first exit killed (kill -9): moves, and returns after the hold-down once it is back', async () => {
+      const { ingress, exit } = mesh;
+      await trial(
+        'kill -9',
+        'tunnel_silent',
+        () => exit.agent.kill9(),
+        async () => {
+          await exit.agent.restart();
+          await waitUp(first, exit);
+        },
+      );
+      const metrics = (await ingress.agent.client.get('/metrics', { token: ingress.token })).text;
+      assert.match(
+        metrics,
+        new RegExp(`^mesh_dataplane_service_carrying\\{service_id="${first}"\\} 1$`, 'm'),
+      );
+      assert.match(
+        metrics,
+        new RegExp(`^mesh_dataplane_service_carrying\\{service_id="${second}"\\} 1$`, 'm'),
+      );
+      assert.match(metrics, /^mesh_dataplane_service_health_changes_total\{to="tunnel_silent"\} [1-9]/m);
+    });
+
+    it('the first exit hung (SIGSTOP: its tunnel silent, not closed)', async () => {
+      const { pid } = mesh.exit.agent;
+      await trial(
+        'SIGSTOP',
+        'tunnel_silent',
+        async () => {
+          process.kill(pid, 'SIGSTOP');
+        },
+        async () => {
+          process.kill(pid, 'SIGCONT');
+        },
+      );
+    });
+
+    it('the underlay between the ingress and the first exit cut (an nftables drop at the exit)', async () => {
+      const nft = (...args: string[]) => mesh.topo.run(mesh.topo.ns.exit, 'nft', args);
+      await trial(
+        'underlay cut',
+        'tunnel_silent',
+        async () => {
+          await nft('add', 'table', 'inet', 'mdfo_cut');
+          await nft('add', 'chain', 'inet', 'mdfo_cut', 'in', '{ type filter hook input priority -10; }');
+          await nft('add', 'chain', 'inet', 'mdfo_cut', 'out', '{ type filter hook output priority -10; }');
+          await nft('add', 'rule', 'inet', 'mdfo_cut', 'in', 'iifname', 'e1', 'drop');
+          await nft('add', 'rule', 'inet', 'mdfo_cut', 'out', 'oifname', 'e1', 'drop');
+        },
+        async () => {
+          await nft('delete', 'table', 'inet', 'mdfo_cut');
+        },
+      );
+    });
+
+    it("the first exit's LAN interface down: its own route check, even with a default route to fall to", async () => {
+      const { topo, ingress } = mesh;
+      const ip = (...args: string[]) => topo.run(topo.ns.exit, 'ip', args);
+      // Like most hosts, the exit has a default route (here toward the ingress): with its LAN
+      // down, the lookup for the destination falls through to it rather than failing.
+      await ip('route', 'add', 'default', 'via', IP.ingressUl);
+      try {
+        await trial(
+          'LAN down',
+          'exit_no_route',
+          () => ip('link', 'set', 'e0', 'down').then(() => undefined),
+          async () => {
+            await ip('link', 'set', 'e0', 'up');
+            // Linux drops a link's IPv6 addresses when it goes down (IPv4 ones stay).
+            if (!(await ip('-6', 'addr', 'show', 'dev', 'e0')).includes(IP.exitOut6))
+              await ip('addr', 'add', `${IP.exitOut6}/64`, 'dev', 'e0', 'nodad');
+          },
+        );
+      } finally {
+        await ip('route', 'del', 'default', 'via', IP.ingressUl).catch(() => undefined);
+      }
+      const metrics = (await ingress.agent.client.get('/metrics', { token: ingress.token })).text;
+      assert.match(metrics, /^mesh_dataplane_service_health_changes_total\{to="exit_no_route"\} [1-9]/m);
+    });
+
+    it('5 % random loss on both underlays for 60 s: no switch at all', async () => {
+      const { topo, ingress } = mesh;
+      const lossy: [string, string][] = [
+        [topo.ns.exit, 'e1'],
+        [topo.ns.exit2!, 'f1'],
+      ];
+      const metrics = async () => (await ingress.agent.client.get('/metrics', { token: ingress.token })).text;
+      const changes = (text: string) =>
+        [...text.matchAll(/^mesh_dataplane_service_health_changes_total\{to="[a-z_]+"\} (\d+)$/gm)].reduce(
+          (sum, m) => sum + Number(m[1]),
+          0,
+        );
+      await until('through the first exit', async () => assert.equal(await seenFrom(), IP.exitOut), 30_000);
+      const before = changes(await metrics());
+      for (const [ns, dev] of lossy) {
+        const nft = (...args: string[]) => topo.run(ns, 'nft', args);
+        await nft('add', 'table', 'inet', 'mdfo_loss');
+        await nft('add', 'chain', 'inet', 'mdfo_loss', 'in', '{ type filter hook input priority -10; }');
+        await nft('add', 'chain', 'inet', 'mdfo_loss', 'out', '{ type filter hook output priority -10; }');
+        await nft(
+          'add',
+          'rule',
+          'inet',
+          'mdfo_loss',
+          'in',
+          'iifname',
+          dev,
+          'numgen',
+          'random',
+          'mod',
+          '100',
+          '<',
+          '5',
+          'counter',
+          'drop',
+        );
+        await nft(
+          'add',
+          'rule',
+          'inet',
+          'mdfo_loss',
+          'out',
+          'oifname',
+          dev,
+          'numgen',
+          'random',
+          'mod',
+          '100',
+          '<',
+          '5',
+          'counter',
+          'drop',
+        );
+      }
+      let dropped = '';
+      try {
+        const until60 = performance.now() + 60_000;
+        while (performance.now() < until60) {
+          const text = await metrics();
+          assert.equal(changes(text), before, 'a service changed health under 5 % loss');
+          assert.match(
+            text,
+            new RegExp(`^mesh_dataplane_service_carrying\\{service_id="${first}"\\} 1$`, 'm'),
+          );
+          await new Promise((resolve) => setTimeout(resolve, 500));
+        }
+        dropped = await topo.run(topo.ns.exit, 'nft', ['list', 'table', 'inet', 'mdfo_loss']);
+      } finally {
+        for (const [ns] of lossy)
+          await topo.run(ns, 'nft', ['delete', 'table', 'inet', 'mdfo_loss']).catch(() => '');
+      }
+      // The loss was real: the exit dropped packets both ways.
+      const counts = [...dropped.matchAll(/packets (\d+)/g)].map((m) => Number(m[1]));
+      assert.equal(counts.length, 2, dropped);
+      assert.ok(
+        counts.every((n) => n > 0),
+        `nothing dropped: ${dropped}`,
+      );
+      console.log(`# 5 % loss for 60 s: no switch; the first exit dropped ${counts.join(' in, ')} out`);
+    });
+
+    it("the first exit healthy but its probe's target blocked (health_check)", async () => {
+      const { topo, ingress } = mesh;
+      const setCheck = async (check: Record<string, unknown> | null) => {
+        const res = await ingress.agent.client.put(`/v1/services/${first}`, {
+          token: ingress.token,
+          json: { health_check: check },
+        });
+        assert.equal(res.status, 200, res.text);
+      };
+      // The probe asks the destination's second TCP server; the HTTP one stays reachable through
+      // the first exit, so only the probe says it is unwell.
+      await setCheck({ tcp: `${IP.dest}:${HTTP + 1}`, interval_ms: 200, failures: 3 });
+      const nft = (...args: string[]) => topo.run(topo.ns.dest, 'nft', args);
+      try {
+        await until(
+          'the probe passes at the first exit',
+          async () => {
+            const dp = (await serviceAt(mesh.exit, first)).dataplane;
+            assert.equal(dp.probe_passing, true, JSON.stringify(dp));
+          },
+          30_000,
+        );
+        await trial(
+          'probe target blocked',
+          'probe_failed',
+          async () => {
+            await nft('add', 'table', 'inet', 'mdfo_probe');
+            await nft('add', 'chain', 'inet', 'mdfo_probe', 'in', '{ type filter hook input priority -10; }');
+            await nft('add', 'rule', 'inet', 'mdfo_probe', 'in', 'tcp', 'dport', String(HTTP + 1), 'drop');
+          },
+          async () => {
+            await nft('delete', 'table', 'inet', 'mdfo_probe');
+          },
+        );
+      } finally {
+        await nft('delete', 'table', 'inet', 'mdfo_probe').catch(() => undefined);
+        await setCheck(null);
+      }
+      const metrics = (await ingress.agent.client.get('/metrics', { token: ingress.token })).text;
+      assert.match(metrics, /^mesh_dataplane_service_health_changes_total\{to="probe_failed"\} [1-9]/m);
+    });
+
+    it('a /25 via the first exit falls back to the /24 via the second; with neither up, nothing gets through', async () => {
+      const { ingress, exit, exit2 } = mesh;
+      const routesOf = async (id: string) =>
+        (await ingress.agent.client.get(`/v1/services/${id}/routes`, { token: ingress.token })).body as {
+          id: number;
+        }[];
+      const [firstRoute] = await routesOf(first);
+      const put = async (body: Record<string, unknown>) => {
+        const res = await ingress.agent.client.put(`/v1/services/${first}/routes/${firstRoute!.id}`, {
+          token: ingress.token,
+          json: body,
+        });
+        assert.equal(res.status, 200, res.text);
+      };
+      // The same priority as the second's /24: the first wins by its longer destination.
+      await put({ priority: 20, dest_cidr: '10.91.2.0/25' });
+      try {
+        await until(
+          'through the first exit (/25)',
+          async () => assert.equal(await seenFrom(), IP.exitOut),
+          30_000,
+        );
+        await exit.agent.kill9();
+        await until(
+          'through the second exit (/24)',
+          async () => assert.equal(await seenFrom(), IP.exit2Out),
+          MOVE_WITHIN_MS,
+        );
+        process.kill(exit2.agent.pid, 'SIGSTOP');
+        try {
+          await until(
+            'the second stands aside too',
+            async () => {
+              const health = (
+                (await serviceAt(ingress, second)) as unknown as { health: { carrying: boolean } }
+              ).health;
+              assert.equal(health.carrying, false);
+            },
+            MOVE_WITHIN_MS,
+          );
+          // No route left: the request fails, as it does without failover.
+          await assert.rejects(seenFrom(), 'a request got through with both exits down');
+        } finally {
+          process.kill(exit2.agent.pid, 'SIGCONT');
+        }
+      } finally {
+        await exit.agent.restart().catch(() => undefined);
+        await put({ priority: 10, dest_cidr: '10.91.2.0/24' });
+      }
+      await waitUp(first, exit);
+      await until(
+        'through the first exit again',
+        async () => assert.equal(await seenFrom(), IP.exitOut),
+        60_000,
+      );
+    });
   });
-});
+}
