@@ -3,9 +3,10 @@
  * test/helpers/mesh-netns.ts), one table entry each: how to inject it, how to undo it. A new kind
  * is a new entry. Used by run.ts only.
  */
-import type { MeshNetns } from '../../test/helpers/mesh-netns.js';
+import assert from 'node:assert/strict';
+import { HTTP, type MeshNetns, serviceAt, until } from '../../test/helpers/mesh-netns.js';
 import { IP } from '../../test/helpers/netns-topology.js';
-import { cutUp, tableDown } from './underlay-rules.js';
+import { cutUp, portBlockUp, tableDown } from './underlay-rules.js';
 
 /** The clock of the whole bench: epoch ms with a fraction, as client-loop.ts stamps its lines. */
 export const now = () => performance.timeOrigin + performance.now();
@@ -14,6 +15,8 @@ export interface FaultContext {
   mesh: MeshNetns;
   /** The bench's nftables table name for a cut (underlay-rules.ts). */
   cutTable: string;
+  /** The preferred exit's service. */
+  first: string;
 }
 
 export interface FaultKind {
@@ -29,6 +32,23 @@ export interface FaultKind {
   inject?(c: FaultContext): Promise<number>;
   /** Undoes it. */
   recover?(c: FaultContext): Promise<void>;
+  /** Before the kind's first trial (e.g. a health_check to fail), and after its last. */
+  setUp?(c: FaultContext): Promise<void>;
+  tearDown?(c: FaultContext): Promise<void>;
+}
+
+/** The probe the `probe` kind gives exit's service: the destination's second TCP server. */
+const PROBE_PORT = HTTP + 1;
+
+async function setHealthCheck(
+  { mesh, first }: FaultContext,
+  check: Record<string, unknown> | null,
+): Promise<void> {
+  const res = await mesh.ingress.agent.client.put(`/v1/services/${first}`, {
+    token: mesh.ingress.token,
+    json: { health_check: check },
+  });
+  if (res.status !== 200) throw new Error(`PUT health_check: ${res.status} ${res.text}`);
 }
 
 export const FAULTS: readonly FaultKind[] = [
@@ -82,9 +102,24 @@ export const FAULTS: readonly FaultKind[] = [
     },
   },
   {
+    // Seen by the exit's probe (src/dataplane/probe.ts: every 200 ms, 3 failures in a row),
+    // told to the ingress like the route check's verdict. Only the probe's port is blocked: the
+    // traffic itself would still get through the exit.
     name: 'probe',
-    what: "the exit's probe target blocked",
-    notYet:
-      'services have no probe yet: the API takes no health_check and no exit runs one, so there is no probe target to block',
+    what: `the exit's probe target (tcp ${IP.dest}:${PROBE_PORT}, every 200 ms, 3 failures) blocked at the destination`,
+    async setUp(c) {
+      await setHealthCheck(c, { tcp: `${IP.dest}:${PROBE_PORT}`, interval_ms: 200, failures: 3 });
+      await until(
+        'the probe passes at exit',
+        async () => assert.equal((await serviceAt(c.mesh.exit, c.first)).dataplane.probe_passing, true),
+        30_000,
+      );
+    },
+    tearDown: (c) => setHealthCheck(c, null),
+    async inject({ mesh, cutTable }) {
+      await portBlockUp(mesh.topo, mesh.topo.ns.dest, PROBE_PORT, cutTable);
+      return now();
+    },
+    recover: ({ mesh, cutTable }) => tableDown(mesh.topo, mesh.topo.ns.dest, cutTable),
   },
 ];

@@ -762,10 +762,11 @@ async function main(): Promise<void> {
       String(s.timeoutMs),
     ]),
   );
-  const r: Run = { s, mesh, client, ctx: { mesh, cutTable: `${s.prefix}_cut` }, first, second };
+  const r: Run = { s, mesh, client, ctx: { mesh, cutTable: `${s.prefix}_cut`, first }, first, second };
 
   for (const name of s.faults) {
     const kind = FAULTS.find((f) => f.name === name)!;
+    await kind.setUp?.(r.ctx);
     for (let n = 1; n <= s.trials; n++) {
       const t = await trial(r, kind, n);
       results.trials.push(t);
@@ -778,6 +779,7 @@ async function main(): Promise<void> {
         break;
       }
     }
+    await kind.tearDown?.(r.ctx);
   }
   if (s.lossSeconds > 0) {
     log(`loss ${s.lossPct} % on both underlays for ${s.lossSeconds} s`);

@@ -32,6 +32,11 @@ export async function cutUp(topo: Topology, ns: string, dev: string, table: stri
   ]);
 }
 
+/** Drops every TCP packet to `port` arriving in `ns` (a probe's target blocked) until tableDown. */
+export async function portBlockUp(topo: Topology, ns: string, port: number, table: string): Promise<void> {
+  await nft(topo, ns, [...chains(table), `add rule inet ${table} in tcp dport ${port} drop`]);
+}
+
 /** Drops `pct` % of the packets in and out of `dev` in `ns` at random, counting them. */
 export async function lossUp(
   topo: Topology,
