@@ -4,6 +4,12 @@
  * from the kernel matches the state that produced it. Removals come first, innermost first
  * (rules, routes, addresses, links), then additions outermost first; the nftables table is
  * replaced whole when its listing differs from the one recorded after the last apply.
+ *
+ * Policy rules are the exception: a rule that goes is deleted after the rules that come are
+ * added, so that a packet never meets a moment with neither (failover re-ranks a service's
+ * rules while traffic flows; in between, its packets would fall through to the main table and
+ * new connections fail). Only a rule the kernel would take for a duplicate of one being added
+ * is deleted first, since the addition would fail beside it.
  */
 import { canonicalAddress, canonicalLink, canonicalRoute, canonicalRule } from './kernel/canonical.js';
 import type { AddressSpec, KernelChange, KernelState, LinkSpec, RouteSpec, RuleSpec } from './kernel/port.js';
@@ -38,6 +44,28 @@ export function linkKey(l: LinkSpec): string {
   return JSON.stringify([c.name, c.kind, c.parent ?? null, c.mtu]);
 }
 
+/**
+ * Whether the kernel refuses to add `rule` beside `existing` (EEXIST): everything but the
+ * addresses must be equal, and an address counts only where the new rule sets one (the
+ * kernel's rule_exists and fib4/fib6_rule_compare).
+ */
+export function kernelDuplicate(rule: RuleSpec, existing: RuleSpec): boolean {
+  const a = canonicalRule(rule);
+  const b = canonicalRule(existing);
+  const mark = (r: RuleSpec) => (r.fwmark ? [r.fwmark.value >>> 0, r.fwmark.mask >>> 0] : null);
+  return (
+    a.family === b.family &&
+    a.pref === b.pref &&
+    String(a.table) === String(b.table) &&
+    (a.iif ?? null) === (b.iif ?? null) &&
+    JSON.stringify(mark(a)) === JSON.stringify(mark(b)) &&
+    (a.ipproto ?? null) === (b.ipproto ?? null) &&
+    (a.sport ?? null) === (b.sport ?? null) &&
+    (a.from === undefined || a.from === b.from) &&
+    (a.to === undefined || a.to === b.to)
+  );
+}
+
 function missing<T>(from: readonly T[], other: readonly T[], key: (x: T) => string): T[] {
   const have = new Set(other.map(key));
   const seen = new Set<string>();
@@ -60,7 +88,10 @@ export function diff(
   nft: { applied: string | null; appliedFrom: string | null },
 ): KernelChange[] {
   const changes: KernelChange[] = [];
-  for (const rule of missing(observed.rules, desired.rules, ruleKey)) changes.push({ op: 'del', rule });
+  const rulesToAdd = missing(desired.rules, observed.rules, ruleKey);
+  const rulesToDelete = missing(observed.rules, desired.rules, ruleKey);
+  const inTheWay = rulesToDelete.filter((old) => rulesToAdd.some((r) => kernelDuplicate(r, old)));
+  for (const rule of inTheWay) changes.push({ op: 'del', rule });
   for (const route of missing(observed.routes, desired.routes, routeKey)) changes.push({ op: 'del', route });
   for (const address of missing(observed.addresses, desired.addresses, addressKey)) {
     // An address on a link that goes away goes with it.
@@ -83,7 +114,8 @@ export function diff(
   // Routes through a re-created link vanished with it (routes through lo stay).
   const keptRoutes = observed.routes.filter((r) => !linksToDelete.some((l) => l.name === r.dev));
   for (const route of missing(desired.routes, keptRoutes, routeKey)) changes.push({ op: 'add', route });
-  for (const rule of missing(desired.rules, observed.rules, ruleKey)) changes.push({ op: 'add', rule });
+  for (const rule of rulesToAdd) changes.push({ op: 'add', rule });
+  for (const rule of rulesToDelete) if (!inTheWay.includes(rule)) changes.push({ op: 'del', rule });
   const nftDrifted = observed.nft !== nft.applied;
   if (desired.nft !== nft.appliedFrom || nftDrifted) {
     if (desired.nft !== null || observed.nft !== null) changes.push({ op: 'nft', ruleset: desired.nft });
