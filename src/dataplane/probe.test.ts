@@ -80,4 +80,21 @@ describe('probeOnce', () => {
       detail: `tcp 127.0.0.1:${port}: ECONNREFUSED`,
     });
   });
+
+  it('icmp: passes on an echo; fails when ping cannot send from the address given', async () => {
+    const icmp: HealthProbe = {
+      kind: 'icmp',
+      target: '127.0.0.1',
+      address: '127.0.0.1',
+      family: 4,
+      intervalMs: 1000,
+      failures: 3,
+    };
+    assert.deepEqual(await probeOnce(icmp, undefined), { ok: true, detail: '' });
+    // An address this host does not have: ping refuses to bind it, and sends nothing.
+    assert.deepEqual(await probeOnce(icmp, '198.18.255.254'), {
+      ok: false,
+      detail: 'icmp 127.0.0.1: no echo',
+    });
+  });
 });
