@@ -82,7 +82,9 @@ describe('mesh-agent status with a running data plane', { timeout: 180_000 }, ()
     const traffic = /^ {4}traffic {2}sent .* streams open \d+ of (\d+) opened$/m.exec(screen);
     assert.ok(traffic, screen);
     assert.ok(Number(traffic[1]) >= 1, 'the curl connection was counted as a stream');
-    assert.match(screen, /^ {4}route \d+\s+priority 100\s+- -> 10\.91\.2\.0\/24$/m);
+    // At its ingress, each route says whether it carries now (failover).
+    assert.match(screen, /^ {4}route \d+\s+priority 100\s+- -> 10\.91\.2\.0\/24 {2}active$/m);
+    assert.match(screen, /^ {4}health {3}healthy since \S+, carrying its routes$/m);
     // Every peer is heard from: reachable, with a last-seen time.
     for (const peer of [mesh.exit.peerId, mesh.exit2.peerId]) {
       assert.match(screen, new RegExp(`^${peer}\\s+\\S*\\s+\\S+\\s+false\\s+true\\s+true\\s+\\d{4}-`, 'm'));
