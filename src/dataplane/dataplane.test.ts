@@ -901,28 +901,28 @@ describe('DataPlane with a memory network: tunnels and packets', { timeout: 60_0
     const a = plane(network, A, { failover });
     const b = plane(network, B, { failover });
     const lan = { dev: 'lan0', gateway: null, prefix: '10.92.0.0/16', usable: true, operstate: 'UP' };
-    b.kernel.answerRouteGet('10.92.0.0', lan);
+    b.kernel.answerRouteGet('10.92.0.1', lan);
     await Promise.all([a.dp.start(view(A, services(), routes())), b.dp.start(view(B, services(), routes()))]);
     await bothUp(a, b);
     await eventually('S1 healthy', () => a.dp.healthOf(S1)?.state === 'healthy');
     assert.ok(
-      b.kernel.routeQueries.some((q) => q.dst === '10.92.0.0'),
+      b.kernel.routeQueries.some((q) => q.dst === '10.92.0.1'),
       'the exit asked about the destination',
     );
 
     // No route at all toward the destination.
-    b.kernel.answerRouteGet('10.92.0.0', null);
+    b.kernel.answerRouteGet('10.92.0.1', null);
     await eventually('S1 stands aside: exit_no_route', () => a.dp.healthOf(S1)?.reason === 'exit_no_route');
     assert.equal(a.dp.healthOf(S1)?.carrying, false);
-    b.kernel.answerRouteGet('10.92.0.0', lan);
+    b.kernel.answerRouteGet('10.92.0.1', lan);
     await eventually('S1 carries again', () => a.dp.healthOf(S1)?.carrying === true);
     // The LAN's route gone, the lookup falling through to the default route: no route either.
-    b.kernel.answerRouteGet('10.92.0.0', { ...lan, dev: 'eth0', gateway: '192.0.2.1', prefix: '0.0.0.0/0' });
+    b.kernel.answerRouteGet('10.92.0.1', { ...lan, dev: 'eth0', gateway: '192.0.2.1', prefix: '0.0.0.0/0' });
     await eventually('S1 stands aside again', () => a.dp.healthOf(S1)?.reason === 'exit_no_route');
-    b.kernel.answerRouteGet('10.92.0.0', lan);
+    b.kernel.answerRouteGet('10.92.0.1', lan);
     await eventually('S1 carries once more', () => a.dp.healthOf(S1)?.carrying === true);
     // A device without carrier: the route is there, the link is not.
-    b.kernel.answerRouteGet('10.92.0.0', { ...lan, usable: false, operstate: 'LOWERLAYERDOWN' });
+    b.kernel.answerRouteGet('10.92.0.1', { ...lan, usable: false, operstate: 'LOWERLAYERDOWN' });
     await eventually('S1 stands aside a third time', () => a.dp.healthOf(S1)?.reason === 'exit_no_route');
     assert.equal(a.dp.healthChangeCounts().get('exit_no_route'), 3);
   });

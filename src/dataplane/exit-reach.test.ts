@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { type ExitDestinations, ExitReach } from './exit-reach.js';
+import { type ExitDestinations, ExitReach, lookupAddress } from './exit-reach.js';
 import type { RouteAnswer } from './kernel/port.js';
 
 const lan: RouteAnswer = { dev: 'lan0', gateway: null, prefix: '10.1.2.0/24', usable: true, operstate: 'UP' };
@@ -17,14 +17,21 @@ const verdictOf = (reach: ExitReach, s: ExitDestinations, answers: (RouteAnswer 
   reach.judge([s], answers).get(s.serviceId);
 
 describe('ExitReach', () => {
-  it('asks for each destination by its first address, from the service address when it has one', () => {
+  it('looks a host route up by itself, and a /31 by its network address', () => {
+    assert.equal(lookupAddress('10.1.2.3/32'), '10.1.2.3');
+    assert.equal(lookupAddress('10.1.2.2/31'), '10.1.2.2');
+    assert.equal(lookupAddress('fd00::5/128'), 'fd00::5');
+    assert.equal(lookupAddress('fd00::/64'), 'fd00::1');
+  });
+
+  it('asks for each destination by its first host (never IPv6 subnet-router anycast), from the service address', () => {
     const reach = new ExitReach();
     assert.deepEqual(
       reach.queries([
         { serviceId: 'a', destinations: [{ cidr: '10.1.2.0/24' }, { cidr: '0.0.0.0/0' }] },
         { serviceId: 'b', destinations: [{ cidr: 'fd00:1::/64', from: 'fd00:9::7' }] },
       ]),
-      [{ dst: '10.1.2.0' }, { dst: '0.0.0.1' }, { dst: 'fd00:1::', from: 'fd00:9::7' }],
+      [{ dst: '10.1.2.1' }, { dst: '0.0.0.1' }, { dst: 'fd00:1::1', from: 'fd00:9::7' }],
     );
   });
 

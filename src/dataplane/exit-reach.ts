@@ -12,6 +12,7 @@
  * means that route is gone. A destination first seen through the default route (an exit to the
  * internet for a public prefix) keeps counting it as its route.
  */
+import { formatIp, parseCidr } from '../domain/cidr.js';
 import type { RouteAnswer, RouteQuery } from './kernel/port.js';
 
 export interface ExitDestinations {
@@ -84,10 +85,18 @@ export class ExitReach {
   }
 }
 
-/** The address to look a destination CIDR up by: its first. 0.0.0.0 means "any" to the kernel. */
-function lookupAddress(cidr: string): string {
-  const address = cidr.split('/')[0]!;
-  return address === '0.0.0.0' ? '0.0.0.1' : address;
+/**
+ * The address to look a destination CIDR up by: its first host, the network address plus one
+ * where the prefix has room. The network address itself is special: IPv6's is the
+ * subnet-router anycast address (a router's lookup answers `anycast`, not a route), and
+ * 0.0.0.0 means "any" to the kernel.
+ */
+export function lookupAddress(cidr: string): string {
+  const parsed = parseCidr(cidr, false);
+  if (!parsed) return cidr.split('/')[0]!;
+  const bytes = Uint8Array.from(parsed.bytes);
+  if (parsed.prefix < bytes.length * 8 - 1) bytes[bytes.length - 1] = bytes[bytes.length - 1]! | 1;
+  return formatIp(bytes);
 }
 
 function prefixLength(prefix: string): number {
