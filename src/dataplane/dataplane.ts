@@ -19,7 +19,7 @@ import { createServer, isIP, isIPv6, type Server, type Socket } from 'node:net';
 import type { Logger } from 'pino';
 import type { HealthProbe } from '../domain/health-check.js';
 import { parsePeerAddress } from '../domain/peer-address.js';
-import { type TunnelMessage, type TunnelTransport, wholeOf } from '../transports/tunnel.js';
+import { type TunnelMessage, type TunnelState, type TunnelTransport, wholeOf } from '../transports/tunnel.js';
 import { diff } from './diff.js';
 import { type ExitDestinations, ExitReach, type ExitReachVerdict } from './exit-reach.js';
 import { HealthTracker, type HealthVerdict } from './health.js';
@@ -203,6 +203,8 @@ const EXIT_CONNECT_TIMEOUT_MS = 10_000;
 const JUDGE_TICK_MS = 100;
 /** How often an exit repeats an unchanged status to its ingress (a lost one is made good). */
 const STATUS_REPEAT_MS = 2000;
+/** How long the ingress takes an exit's word without hearing it again. */
+const STATUS_STALE_MS = 3 * STATUS_REPEAT_MS;
 /** How long the probe from the MACVLAN address (after a transparent connection got no answer) waits. */
 const RETURN_PATH_PROBE_MS = 3000;
 
@@ -283,9 +285,9 @@ export class DataPlane {
   /** Ingress services whose tunnel has been up: silence after that is evidence, before it is not. */
   private readonly everUp = new Set<string>();
   /** The exits' word on their services (status-frames.ts), by service. */
-  private readonly exitStatus = new Map<string, ServiceStatus>();
+  private readonly exitStatus = new Map<string, { status: ServiceStatus; at: number }>();
   /** At the exit: whether it can forward each service's traffic (exit-reach.ts). */
-  private readonly exitReach = new ExitReach();
+  private readonly exitReach = new ExitReach(AGENT_MARK);
   /** At the exit: what it last told each service's ingress, and when (status-frames.ts). */
   private readonly exitToldIngress = new Map<string, { status: ServiceStatus; at: number }>();
   private exitCheckRunning = false;
@@ -344,8 +346,7 @@ export class DataPlane {
       transport.on('state', (peerId, state) => {
         // A dead tunnel resets its streams: their clients see an error, never a hang.
         if (state !== 'up') this.streams?.muxes.get(kind)?.peerDown(peerId);
-        // A tunnel that closed (an exit that died) is judged at once, not at the next tick.
-        if (state === 'down') this.judgeHealth();
+        this.tunnelChanged(kind, peerId, state);
         this.schedule();
       });
       transport.on('drain', (peerId) => {
@@ -631,7 +632,8 @@ export class DataPlane {
     this.healthTimer = setInterval(() => {
       this.judgeHealth();
       this.runProbes(performance.now());
-      if (ticks++ % checkEvery === 0) void this.checkExits();
+      if (ticks++ % checkEvery === 0)
+        this.checkExits().catch((err) => this.options.logger.error({ err }, 'data plane: exit check failed'));
     }, tick);
     this.healthTimer.unref();
   }
@@ -1110,7 +1112,9 @@ export class DataPlane {
       if (silent !== null) this.everUp.add(id);
       // The exit's word is about the tunnel it came by: a new tunnel waits for a new word.
       else this.exitStatus.delete(id);
-      const status = this.exitStatus.get(id);
+      // An exit repeats its word every STATUS_REPEAT_MS: one not heard again is no word.
+      const heard = this.exitStatus.get(id);
+      const status = heard && now - heard.at < STATUS_STALE_MS ? heard.status : undefined;
       const change = this.health.observe(
         id,
         {
@@ -1151,6 +1155,23 @@ export class DataPlane {
   }
 
   /**
+   * A tunnel's state changed. The exits' word came by the tunnel that was: at the ingress it
+   * goes with it, and a tunnel that is not up (an exit that died, or one replaced by a new
+   * connection) is judged at once, not at the next tick. At the exit, a new tunnel is told at
+   * the next check.
+   */
+  private tunnelChanged(kind: TransportKind, peerId: string, state: TunnelState): void {
+    for (const c of this.carried.values()) {
+      if (c.service.peerId !== peerId || c.service.transport !== kind) continue;
+      const id = c.service.serviceId;
+      if (c.service.role === 'ingress' && state !== 'up') this.exitStatus.delete(id);
+      const told = this.exitToldIngress.get(id);
+      if (c.service.role === 'exit' && state === 'up' && told) told.at = Number.NEGATIVE_INFINITY;
+    }
+    if (state !== 'up') this.judgeHealth();
+  }
+
+  /**
    * At the exit: asks the kernel whether each exit service's traffic can leave toward its routes'
    * destinations (exit-reach.ts), and tells the service's ingress (status-frames.ts) when that
    * changes and every STATUS_REPEAT_MS, so that a new tunnel hears it soon. Logged once per change.
@@ -1158,7 +1179,12 @@ export class DataPlane {
   private async checkExits(): Promise<void> {
     const view = this.view;
     if (this.stopped || !this.flushed || this.exitCheckRunning || !view) return;
-    const exits = [...this.carried.values()].filter((c) => c.service.role === 'exit');
+    // Only what the kernel carries by now: a service still being set up has no MACVLAN address
+    // yet, and a lookup without it would take another table.
+    const applied = new Set(this.lastPlan?.carried.map((x) => x.serviceId));
+    const exits = [...this.carried.values()].filter(
+      (c) => c.service.role === 'exit' && applied.has(c.service.serviceId),
+    );
     const services: ExitDestinations[] = exits.map((c) => ({
       serviceId: c.service.serviceId,
       destinations: [
@@ -1183,6 +1209,14 @@ export class DataPlane {
       return;
     } finally {
       this.exitCheckRunning = false;
+    }
+    if (this.stopped) return;
+    // What the agent itself knows it cannot do for a service (no uplink for its MACVLAN, a host
+    // that does not forward, an apply that failed) is no route either.
+    const hostProblem = this.hostProblems.length > 0 ? this.hostProblems.join('; ') : null;
+    for (const [id, verdict] of verdicts) {
+      const problem = this.lastPlan?.problems.get(id) ?? this.lastError ?? hostProblem;
+      if (problem && verdict.canForward) verdicts.set(id, { canForward: false, detail: problem });
     }
     for (const [id, verdict] of verdicts) {
       const before = this.exitReachVerdicts.get(id)?.canForward ?? true;
@@ -1218,12 +1252,14 @@ export class DataPlane {
     for (const id of this.probes.due(probes, now)) {
       const probe = probes.get(id)!;
       const from = this.macvlanAddress(exits.get(id)!, probe.family);
-      void probeOnce(probe, from).then(({ ok, detail }) => {
-        if (!this.probes.record(id, probe, ok, detail) || this.stopped) return;
-        if (ok) this.options.logger.info({ service: id, probe: probe.target }, "exit's probe passes again");
-        else this.options.logger.warn({ service: id, detail }, "exit's probe fails");
-        this.tellIngress();
-      });
+      probeOnce(probe, from)
+        .then(({ ok, detail }) => {
+          if (!this.probes.record(id, probe, ok, detail) || this.stopped) return;
+          if (ok) this.options.logger.info({ service: id, probe: probe.target }, "exit's probe passes again");
+          else this.options.logger.warn({ service: id, detail }, "exit's probe fails");
+          this.tellIngress();
+        })
+        .catch((err) => this.options.logger.error({ err, service: id }, 'data plane: probe failed to run'));
     }
   }
 
@@ -1279,7 +1315,7 @@ export class DataPlane {
       this.drop(c ? 'unauthorized' : 'unknown_service', c, 1);
       return;
     }
-    this.exitStatus.set(decoded.serviceId, decoded);
+    this.exitStatus.set(decoded.serviceId, { status: decoded, at: performance.now() });
   }
 
   /** A service's failover verdict at this ingress (null: this agent is not its ingress). */

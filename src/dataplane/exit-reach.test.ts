@@ -24,6 +24,25 @@ describe('ExitReach', () => {
     assert.equal(lookupAddress('fd00::/64'), 'fd00::1');
   });
 
+  it('asks for a catch-all by a unicast address it covers; 0.0.0.0/8 and ::/3 have none', () => {
+    assert.equal(lookupAddress('0.0.0.0/0'), '1.0.0.1');
+    assert.equal(lookupAddress('0.0.0.0/1'), '1.0.0.1');
+    assert.equal(lookupAddress('0.0.0.0/8'), null);
+    assert.equal(lookupAddress('::/0'), '2000::1');
+    assert.equal(lookupAddress('::/3'), null);
+    // Nothing to ask for: no query, and nothing that can fail.
+    const reach = new ExitReach();
+    const odd: ExitDestinations = { serviceId: 'z', destinations: [{ cidr: '0.0.0.0/8' }] };
+    assert.deepEqual(reach.queries([odd]), []);
+    assert.deepEqual(reach.judge([odd], []).get('z'), { canForward: true, detail: '' });
+  });
+
+  it('asks with the mark the exit gives its own traffic', () => {
+    assert.deepEqual(new ExitReach(0x2000_0000).queries([LAN_SERVICE]), [
+      { dst: '10.1.2.1', mark: 0x2000_0000 },
+    ]);
+  });
+
   it('asks for each destination by its first host (never IPv6 subnet-router anycast), from the service address', () => {
     const reach = new ExitReach();
     assert.deepEqual(
@@ -31,7 +50,7 @@ describe('ExitReach', () => {
         { serviceId: 'a', destinations: [{ cidr: '10.1.2.0/24' }, { cidr: '0.0.0.0/0' }] },
         { serviceId: 'b', destinations: [{ cidr: 'fd00:1::/64', from: 'fd00:9::7' }] },
       ]),
-      [{ dst: '10.1.2.1' }, { dst: '0.0.0.1' }, { dst: 'fd00:1::1', from: 'fd00:9::7' }],
+      [{ dst: '10.1.2.1' }, { dst: '1.0.0.1' }, { dst: 'fd00:1::1', from: 'fd00:9::7' }],
     );
   });
 

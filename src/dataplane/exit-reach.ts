@@ -30,16 +30,27 @@ export interface ExitReachVerdict {
   detail: string;
 }
 
+/** The destinations there is an address to ask the kernel for (lookupAddress). */
+const checkable = (s: ExitDestinations) => s.destinations.filter((d) => lookupAddress(d.cidr) !== null);
+const memoryKey = (d: { cidr: string; from?: string }) => `${d.cidr} ${d.from ?? ''}`;
+
 export class ExitReach {
-  /** Per service, per destination CIDR: the longest matched prefix seen while usable. */
+  /** @param mark the packet mark the exit's own traffic carries, so lookups take its rules. */
+  constructor(private readonly mark?: number) {}
+
+  /**
+   * Per service, per destination CIDR and source address: the longest matched prefix seen while
+   * usable (a lookup from another address may take another table).
+   */
   private readonly best = new Map<string, Map<string, number>>();
 
   /** The lookups to ask the kernel for these services, in order (judge() takes their answers). */
   queries(services: readonly ExitDestinations[]): RouteQuery[] {
     return services.flatMap((s) =>
-      s.destinations.map((d) => ({
-        dst: lookupAddress(d.cidr),
+      checkable(s).map((d) => ({
+        dst: lookupAddress(d.cidr)!,
         ...(d.from !== undefined ? { from: d.from } : {}),
+        ...(this.mark !== undefined ? { mark: this.mark } : {}),
       })),
     );
   }
@@ -60,11 +71,12 @@ export class ExitReach {
         best = new Map();
         this.best.set(s.serviceId, best);
       }
-      for (const cidr of best.keys()) if (!s.destinations.some((d) => d.cidr === cidr)) best.delete(cidr);
+      const destinations = checkable(s);
+      for (const key of best.keys()) if (!destinations.some((d) => memoryKey(d) === key)) best.delete(key);
       const failures: string[] = [];
-      for (const d of s.destinations) {
+      for (const d of destinations) {
         const answer = answers[at++] ?? null;
-        const failure = this.failure(best, d.cidr, answer);
+        const failure = this.failure(best, d, answer);
         if (failure) failures.push(failure);
       }
       verdicts.set(s.serviceId, { canForward: failures.length === 0, detail: failures.join('; ') });
@@ -73,29 +85,40 @@ export class ExitReach {
     return verdicts;
   }
 
-  private failure(best: Map<string, number>, cidr: string, answer: RouteAnswer | null): string | null {
+  private failure(
+    best: Map<string, number>,
+    d: { cidr: string; from?: string },
+    answer: RouteAnswer | null,
+  ): string | null {
+    const cidr = d.cidr;
     if (!answer) return `no route toward ${cidr}`;
     if (!answer.usable) return `${cidr}: ${answer.dev} is ${answer.operstate.toLowerCase()}`;
     const length = prefixLength(answer.prefix);
-    const seen = best.get(cidr);
+    const seen = best.get(memoryKey(d));
     if (seen !== undefined && length < seen)
       return `${cidr}: its /${seen} route is gone, the kernel would use ${answer.prefix} via ${answer.dev}`;
-    best.set(cidr, length);
+    best.set(memoryKey(d), length);
     return null;
   }
 }
 
 /**
  * The address to look a destination CIDR up by: its first host, the network address plus one
- * where the prefix has room. The network address itself is special: IPv6's is the
- * subnet-router anycast address (a router's lookup answers `anycast`, not a route), and
- * 0.0.0.0 means "any" to the kernel.
+ * where the prefix has room, or null where there is no address to ask for. The network address
+ * itself is special: IPv6's is the subnet-router anycast address (a router's lookup answers
+ * `anycast`, not a route). Addresses in 0.0.0.0/8 and ::/3's low end are no destinations to the
+ * kernel (0.0.0.1 is refused, ::1 is loopback): a catch-all route (0.0.0.0/0, ::/0 and the
+ * halves of a split default) is asked for 1.0.0.1 or 2000::1, a unicast address it covers.
  */
-export function lookupAddress(cidr: string): string {
+export function lookupAddress(cidr: string): string | null {
   const parsed = parseCidr(cidr, false);
-  if (!parsed) return cidr.split('/')[0]!;
+  if (!parsed) return null;
   const bytes = Uint8Array.from(parsed.bytes);
-  if (parsed.prefix < bytes.length * 8 - 1) bytes[bytes.length - 1] = bytes[bytes.length - 1]! | 1;
+  const bits = bytes.length * 8;
+  if (parsed.prefix < bits - 1) bytes[bytes.length - 1] = bytes[bytes.length - 1]! | 1;
+  if (parsed.family === 4 && bytes[0] === 0) return parsed.prefix <= 7 ? '1.0.0.1' : null;
+  if (parsed.family === 6 && bytes[0]! < 0x20 && bytes.subarray(0, 15).every((b) => b === 0))
+    return parsed.prefix <= 2 ? '2000::1' : null;
   return formatIp(bytes);
 }
 

@@ -540,18 +540,23 @@ function routeAnswer(
 ): RouteAnswer | null {
   // Routes that refuse (unreachable, blackhole, prohibit) or go nowhere are no route.
   if (route.type !== undefined && route.type !== 'unicast' && route.type !== 'local') return null;
-  const hop = route.dev !== undefined ? route : route.nexthops?.[0];
-  if (hop?.dev === undefined || route.dst === undefined) return null;
-  const link = links.get(hop.dev);
-  const operstate = link?.operstate ?? 'UNKNOWN';
-  const up = link?.flags?.includes('UP') ?? false;
-  const carrier = !(link?.flags?.includes('NO-CARRIER') ?? false);
+  if (route.dst === undefined) return null;
+  const usable = (dev: string) => {
+    const link = links.get(dev);
+    const operstate = link?.operstate ?? 'UNKNOWN';
+    const up = link?.flags?.includes('UP') ?? false;
+    const carrier = !(link?.flags?.includes('NO-CARRIER') ?? false);
+    return { usable: up && carrier && (operstate === 'UP' || operstate === 'UNKNOWN'), operstate };
+  };
+  // A multipath route carries while any of its next hops can: judged by the first that can.
+  const hops = route.dev !== undefined ? [route] : (route.nexthops ?? []).filter((h) => h.dev !== undefined);
+  const hop = hops.find((h) => usable(h.dev!).usable) ?? hops[0];
+  if (hop?.dev === undefined) return null;
   return {
     dev: hop.dev,
     gateway: hop.gateway ?? null,
     prefix: canonicalPrefix(route.dst, hop.gateway),
-    usable: up && carrier && (operstate === 'UP' || operstate === 'UNKNOWN'),
-    operstate,
+    ...usable(hop.dev),
   };
 }
 
