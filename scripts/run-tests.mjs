@@ -41,7 +41,9 @@ const result = spawnSync(
     '--test',
     '--test-reporter=spec',
     '--test-concurrency=2',
-    '--test-timeout=300000',
+    // Per file, and counted from its start: the namespace suites wait for each other's lock
+    // (test/helpers/exclusive.ts) before their own minutes of work.
+    '--test-timeout=600000',
     ...files,
   ],
   { stdio: 'inherit' },

@@ -25,7 +25,8 @@ const HOLD_DOWN_MS = 4000;
 /** Generous bounds that still tell a switch from a hang; bench/failover measures the real times. */
 const MOVE_WITHIN_MS = 15_000;
 
-for (const transport of ['tcp', 'kcp'] as const) {
+/** The failover suite for services of one transport (failover-tcp/-kcp.root.test.ts run it). */
+export function failoverSuite(transport: 'tcp' | 'kcp'): void {
   describe(`data plane: failover between two exits (${transport})`, { timeout: 600_000 }, () => {
     let mesh: MeshNetns;
     let first: string;
@@ -250,40 +251,20 @@ for (const transport of ['tcp', 'kcp'] as const) {
         await nft('add', 'table', 'inet', 'mdfo_loss');
         await nft('add', 'chain', 'inet', 'mdfo_loss', 'in', '{ type filter hook input priority -10; }');
         await nft('add', 'chain', 'inet', 'mdfo_loss', 'out', '{ type filter hook output priority -10; }');
-        await nft(
-          'add',
-          'rule',
-          'inet',
-          'mdfo_loss',
-          'in',
-          'iifname',
-          dev,
-          'numgen',
-          'random',
-          'mod',
-          '100',
-          '<',
-          '5',
-          'counter',
-          'drop',
-        );
-        await nft(
-          'add',
-          'rule',
-          'inet',
-          'mdfo_loss',
-          'out',
-          'oifname',
-          dev,
-          'numgen',
-          'random',
-          'mod',
-          '100',
-          '<',
-          '5',
-          'counter',
-          'drop',
-        );
+        for (const [chain, match] of [
+          ['in', 'iifname'],
+          ['out', 'oifname'],
+        ])
+          await nft(
+            'add',
+            'rule',
+            'inet',
+            'mdfo_loss',
+            chain!,
+            match!,
+            dev,
+            ...'numgen random mod 100 < 5 counter drop'.split(' '),
+          );
       }
       let dropped = '';
       try {
