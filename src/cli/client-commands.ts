@@ -815,7 +815,8 @@ export function renderStatus({ identity, license, peers: peerList, services: det
     if (dp) lines.push(`    traffic  ${trafficLine(dp)}`);
     if (svc.health && typeof svc.health === 'object')
       lines.push(`    health   ${healthLine(svc.health as Obj)}`);
-    if (dp?.can_forward === false) lines.push(`    exit     cannot forward: ${cell(dp.forward_problem)}`);
+    if (dp?.can_forward === false || dp?.probe_passing === false)
+      lines.push(`    exit     cannot forward: ${cell(dp.forward_problem)}`);
     const rs = Array.isArray(svc.routes) ? (svc.routes as Obj[]) : [];
     if (rs.length === 0) lines.push('    routes   (none)');
     for (const r of rs) {

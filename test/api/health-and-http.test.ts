@@ -211,7 +211,20 @@ describe('health probes and HTTP rules', () => {
       await new Promise<void>((resolve) => socket.write(rest.subarray(at, at + 256 * 1024), () => resolve()));
       await new Promise((resolve) => setTimeout(resolve, 20));
     }
+    // A request pipelined behind the refused body is never handled: it would write, and its
+    // answer could not be sent.
+    const credentialsBefore = (await agent.client.get('/v1/credentials', { token: adminToken })).body.length;
+    const pipelined = JSON.stringify({ scopes: [scope('peers.read')] });
+    socket.write(
+      `POST /v1/credentials HTTP/1.1\r\nhost: x\r\nauthorization: Bearer ${adminToken}\r\n` +
+        `content-type: application/json\r\ncontent-length: ${pipelined.length}\r\n\r\n${pipelined}`,
+    );
     await closed;
+    assert.equal(
+      (await agent.client.get('/v1/credentials', { token: adminToken })).body.length,
+      credentialsBefore,
+    );
+    assert.equal(received.match(/HTTP\/1\.1 /g)?.length, 1, 'one answer only');
     assert.deepEqual(errors, [], 'the client was reset while it sent the refused body');
     const body = JSON.parse(received.slice(received.indexOf('\r\n\r\n') + 4));
     assert.equal(body.code, 'PAYLOAD_TOO_LARGE');
