@@ -1251,8 +1251,12 @@ export class DataPlane {
     }
     for (const id of this.probes.due(probes, now)) {
       const probe = probes.get(id)!;
-      const from = this.macvlanAddress(exits.get(id)!, probe.family);
-      probeOnce(probe, from)
+      const connect = this.options.sockets?.connectNetSocket;
+      probeOnce(probe, {
+        address: this.macvlanAddress(exits.get(id)!, probe.family),
+        mark: AGENT_MARK,
+        ...(connect ? { connect: (opts) => connect(opts) } : {}),
+      })
         .then(({ ok, detail }) => {
           if (!this.probes.record(id, probe, ok, detail) || this.stopped) return;
           if (ok) this.options.logger.info({ service: id, probe: probe.target }, "exit's probe passes again");

@@ -71,11 +71,11 @@ describe('probeOnce', () => {
     await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
     const port = (server.address() as net.AddressInfo).port;
     try {
-      assert.deepEqual(await probeOnce(tcp(port), undefined), { ok: true, detail: '' });
+      assert.deepEqual(await probeOnce(tcp(port)), { ok: true, detail: '' });
     } finally {
       await new Promise((resolve) => server.close(resolve));
     }
-    assert.deepEqual(await probeOnce(tcp(port), undefined), {
+    assert.deepEqual(await probeOnce(tcp(port)), {
       ok: false,
       detail: `tcp 127.0.0.1:${port}: ECONNREFUSED`,
     });
@@ -90,9 +90,9 @@ describe('probeOnce', () => {
       intervalMs: 1000,
       failures: 3,
     };
-    assert.deepEqual(await probeOnce(icmp, undefined), { ok: true, detail: '' });
+    assert.deepEqual(await probeOnce(icmp), { ok: true, detail: '' });
     // An address this host does not have: ping refuses to bind it, and sends nothing.
-    assert.deepEqual(await probeOnce(icmp, '198.18.255.254'), {
+    assert.deepEqual(await probeOnce(icmp, { address: '198.18.255.254' }), {
       ok: false,
       detail: 'icmp 127.0.0.1: no echo',
     });

@@ -84,22 +84,45 @@ export class ProbeVerdicts {
   }
 }
 
-/** How long one probe may take: its interval, within 0.5 to 5 s. */
-export const probeTimeoutMs = (p: HealthProbe) => Math.min(Math.max(p.intervalMs, 500), 5000);
+/**
+ * How long one probe may take: its interval, within 0.2 to 5 s. A probe that waited longer than
+ * its interval would stretch `failures` probes' worth of silence past what the operator set.
+ */
+export const probeTimeoutMs = (p: HealthProbe) => Math.min(Math.max(p.intervalMs, 200), 5000);
+
+/** Opens a TCP connection (the native addon's, which can set SO_MARK), or rejects. */
+export type ProbeConnect = (opts: {
+  family: 4 | 6;
+  address: string;
+  port: number;
+  localAddress?: string;
+  mark?: number;
+  timeoutMs: number;
+}) => Promise<net.Socket>;
+
+export interface ProbeFrom {
+  /** The address to send from (a MACVLAN's), else the kernel's choice. */
+  address?: string;
+  /**
+   * SO_MARK of the probe's packets: the agent's own, so that an exit which is also an ingress
+   * does not capture its own probe into a tunnel (kernel/ownership.ts).
+   */
+  mark?: number;
+  /** The connect that can mark; without it, Node's own (no mark). */
+  connect?: ProbeConnect;
+}
 
 /**
- * Runs one probe, from `from` when given (a MACVLAN's address). A TCP probe succeeds when the
- * connection is accepted; an ICMP probe when `ping` gets its echo (iputils ping: Node has no
- * raw sockets). Never throws.
+ * Runs one probe. A TCP probe succeeds when the connection is accepted; an ICMP probe when
+ * `ping` gets its echo (iputils ping: Node has no raw sockets). Never throws.
  */
-export function probeOnce(
-  p: HealthProbe,
-  from: string | undefined,
-): Promise<{ ok: boolean; detail: string }> {
+export function probeOnce(p: HealthProbe, from: ProbeFrom = {}): Promise<{ ok: boolean; detail: string }> {
   const timeoutMs = probeTimeoutMs(p);
   if (p.kind === 'icmp') {
-    const args = ['-n', '-q', '-c', '1', '-W', String(Math.ceil(timeoutMs / 1000))];
-    if (from !== undefined) args.push('-I', from);
+    // ping's -W takes seconds with decimals; its own deadline is the one that counts.
+    const args = ['-n', '-q', '-c', '1', '-W', (timeoutMs / 1000).toFixed(3)];
+    if (from.address !== undefined) args.push('-I', from.address);
+    if (from.mark !== undefined) args.push('-m', String(from.mark));
     args.push(p.address);
     return new Promise((resolve) =>
       execFile('ping', args, { timeout: timeoutMs + 1000 }, (err) =>
@@ -107,25 +130,47 @@ export function probeOnce(
       ),
     );
   }
-  return new Promise((resolve) => {
+  const connect = from.connect ?? plainConnect;
+  const timedOut = `tcp ${p.target}: no answer within ${timeoutMs} ms`;
+  return connect({
+    family: p.family,
+    address: p.address,
+    port: p.port,
+    ...(from.address !== undefined ? { localAddress: from.address } : {}),
+    ...(from.mark !== undefined ? { mark: from.mark } : {}),
+    timeoutMs,
+  }).then(
+    (socket) => {
+      socket.destroy();
+      return { ok: true, detail: '' };
+    },
+    (err: NodeJS.ErrnoException) => ({
+      ok: false,
+      detail: err.code === 'ETIMEDOUT' ? timedOut : `tcp ${p.target}: ${err.code ?? err.message}`,
+    }),
+  );
+}
+
+/** Node's connect, bounded by timeoutMs (ETIMEDOUT); it cannot mark. */
+const plainConnect: ProbeConnect = (opts) =>
+  new Promise((resolve, reject) => {
     const socket = net.connect({
-      host: p.address,
-      port: p.port,
-      family: p.family,
-      ...(from !== undefined ? { localAddress: from } : {}),
+      host: opts.address,
+      port: opts.port,
+      family: opts.family,
+      ...(opts.localAddress !== undefined ? { localAddress: opts.localAddress } : {}),
     });
-    const done = (ok: boolean, detail: string) => {
+    const timer = setTimeout(() => {
+      socket.destroy();
+      reject(Object.assign(new Error('connect timed out'), { code: 'ETIMEDOUT' }));
+    }, opts.timeoutMs);
+    socket.once('connect', () => {
+      clearTimeout(timer);
+      resolve(socket);
+    });
+    socket.once('error', (err) => {
       clearTimeout(timer);
       socket.destroy();
-      resolve({ ok, detail });
-    };
-    const timer = setTimeout(
-      () => done(false, `tcp ${p.target}: no answer within ${timeoutMs} ms`),
-      timeoutMs,
-    );
-    socket.once('connect', () => done(true, ''));
-    socket.once('error', (err: NodeJS.ErrnoException) =>
-      done(false, `tcp ${p.target}: ${err.code ?? err.message}`),
-    );
+      reject(err);
+    });
   });
-}
