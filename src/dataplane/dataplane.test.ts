@@ -14,6 +14,7 @@ import {
   exitTableOf,
   exitTunAddress,
   MARK_MASK,
+  macvlanMac,
   macvlanName,
   markOf,
   RULE_PREF,
@@ -712,7 +713,7 @@ describe('DataPlane with a recording kernel: reconciling', { timeout: 60_000 }, 
     const observed = await kernel.observe();
     assert.deepEqual(
       observed.links.find((l) => l.kind === 'macvlan'),
-      { name: macvlanName(slot), kind: 'macvlan', parent: 'eth0', mtu: 1500 },
+      { name: macvlanName(slot), kind: 'macvlan', parent: 'eth0', mac: macvlanMac(S2), mtu: 1500 },
     );
     assert.deepEqual(observed.addresses, [
       { dev: tunName(slot), cidr: exitTunAddress(slot) },

@@ -41,7 +41,7 @@ export function addressKey(a: AddressSpec): string {
 
 export function linkKey(l: LinkSpec): string {
   const c = canonicalLink(l);
-  return JSON.stringify([c.name, c.kind, c.parent ?? null, c.mtu]);
+  return JSON.stringify([c.name, c.kind, c.parent ?? null, c.mac ?? null, c.mtu]);
 }
 
 /**

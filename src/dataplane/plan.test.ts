@@ -10,6 +10,7 @@ import {
   INTERCEPT_MARK,
   INTERCEPT_TABLE,
   MARK_MASK,
+  macvlanMac,
   RULE_PREF,
   TRANSPARENT_MARK,
   tableOf,
@@ -196,8 +197,13 @@ describe('plan: exit', () => {
     );
     assert.deepEqual(p.kernel.links, [
       { name: 'mesh-t1', kind: 'tun', mtu: 1500 },
-      { name: 'mesh-m1', kind: 'macvlan', parent: 'e0', mtu: 1500 },
+      { name: 'mesh-m1', kind: 'macvlan', parent: 'e0', mac: macvlanMac(S1), mtu: 1500 },
     ]);
+    // The service's own MAC every time: locally administered (bit 1), unicast (bit 0 clear).
+    const mac = macvlanMac(S1);
+    assert.match(mac, /^[0-9a-f]{2}(:[0-9a-f]{2}){5}$/);
+    assert.equal(Number.parseInt(mac.slice(0, 2), 16) & 0x03, 0x02);
+    assert.notEqual(macvlanMac(S2), mac);
     assert.deepEqual(p.kernel.addresses, [
       // The exit's TUN: its link-local address, for reverse-path filtering (ownership.ts).
       { dev: 'mesh-t1', cidr: '169.254.240.1/32' },

@@ -27,6 +27,7 @@ import {
   INTERCEPT_MARK,
   INTERCEPT_TABLE,
   MARK_MASK,
+  macvlanMac,
   macvlanName,
   markOf,
   RULE_PREF,
@@ -225,7 +226,13 @@ export function plan(input: PlanInput): Plan {
           'requires_interface: no --macvlan-parent and no default route to attach to',
         );
       } else {
-        links.push({ name: c.macvlan, kind: 'macvlan', parent: input.uplink.dev, mtu: 1500 });
+        links.push({
+          name: c.macvlan,
+          kind: 'macvlan',
+          parent: input.uplink.dev,
+          mac: macvlanMac(c.serviceId),
+          mtu: 1500,
+        });
         fromTunTable = exitTableOf(c.slot);
         for (const [cidrText, gateway] of [
           [service.desiredIpv4Cidr, input.uplink.gateway4],

@@ -91,6 +91,7 @@ export function canonicalDst(text: string): string {
 export function canonicalLink(l: LinkSpec): LinkSpec {
   const out: LinkSpec = { name: l.name, kind: l.kind, mtu: l.mtu };
   if (l.kind === 'macvlan' && l.parent !== undefined) out.parent = l.parent;
+  if (l.kind === 'macvlan' && l.mac !== undefined) out.mac = l.mac.toLowerCase();
   return out;
 }
 

@@ -149,7 +149,7 @@ describe('LinuxKernel parsing', () => {
     );
   });
 
-  it('parses owned links: kind, MTU, the MACVLAN parent by name or by index', () => {
+  it('parses owned links: kind, MTU, the MACVLAN parent by name or by index, its MAC', () => {
     const byIndex = new Map([[3, 'veth-x']]);
     const tun = { ifindex: 4, ifname: 'mesh-t7', mtu: 1380, linkinfo: { info_kind: 'tun' } };
     assert.deepStrictEqual(parseLink(tun, byIndex), { name: 'mesh-t7', kind: 'tun', mtu: 1380 });
@@ -164,6 +164,13 @@ describe('LinuxKernel parsing', () => {
       name: 'mesh-m3',
       kind: 'macvlan',
       parent: 'veth-x',
+      mtu: 1400,
+    });
+    assert.deepStrictEqual(parseLink({ ...mv, address: '02:AB:cd:ef:01:23' }, byIndex), {
+      name: 'mesh-m3',
+      kind: 'macvlan',
+      parent: 'veth-x',
+      mac: '02:ab:cd:ef:01:23',
       mtu: 1400,
     });
     assert.deepStrictEqual(parseLink({ ...mv, link: undefined, link_index: 3 }, byIndex), {

@@ -57,6 +57,8 @@ interface IpLink {
   link?: string;
   link_index?: number;
   link_netnsid?: number;
+  /** The hardware address. */
+  address?: string;
   linkinfo?: { info_kind?: string };
   addr_info?: { family: string; local: string; prefixlen: number }[];
 }
@@ -174,6 +176,7 @@ export function parseLink(l: IpLink, byIndex: ReadonlyMap<number, string>): Link
   if (kind === 'tun') return { name: l.ifname, kind, mtu: l.mtu };
   if (kind !== 'macvlan') return undefined;
   const link: LinkSpec = { name: l.ifname, kind, mtu: l.mtu };
+  if (l.address !== undefined) link.mac = l.address.toLowerCase();
   if (l.link_netnsid === undefined) {
     const parent = l.link ?? (l.link_index !== undefined ? byIndex.get(l.link_index) : undefined);
     if (parent !== undefined) link.parent = parent;

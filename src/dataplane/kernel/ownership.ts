@@ -7,10 +7,25 @@
  * One agent per network namespace: two agents in one namespace would own the same names.
  */
 
+import { createHash } from 'node:crypto';
+
 /** Owned links: TUN devices `mesh-t<slot>` and MACVLANs `mesh-m<slot>`. */
 export const LINK_PREFIX = 'mesh-';
 export const tunName = (slot: number): string => `${LINK_PREFIX}t${slot}`;
 export const macvlanName = (slot: number): string => `${LINK_PREFIX}m${slot}`;
+
+/**
+ * A MACVLAN's hardware address: locally administered, unicast, and the same for a service every
+ * time its link is made (a restart, a slot moved). With a new random one, a neighbour that still
+ * holds the address's old entry sends to a MAC nobody has until that entry fails, which took up
+ * to 10 s (Linux: STALE, then DELAY 5 s, then 3 unicast probes); an agent that restarts would
+ * black-hole replies that long.
+ */
+export function macvlanMac(serviceId: string): string {
+  const b = createHash('sha256').update(`mesh-agent macvlan ${serviceId}`).digest().subarray(0, 6);
+  b[0] = (b[0]! & 0xfc) | 0x02;
+  return [...b].map((x) => x.toString(16).padStart(2, '0')).join(':');
+}
 
 /** Slots number the services this agent carries: 1..MAX_SLOT (12 bits of the mark). */
 export const MAX_SLOT = 4095;

@@ -38,6 +38,8 @@ export interface LinkSpec {
   kind: 'tun' | 'macvlan';
   /** MACVLAN only: the uplink it sits on. */
   parent?: string;
+  /** MACVLAN only: its hardware address (ownership.ts macvlanMac), lower case. */
+  mac?: string;
   mtu: number;
 }
 

@@ -170,6 +170,7 @@ interface FakeLink {
   name: string;
   kind: 'tun' | 'macvlan' | 'foreign';
   parent?: string;
+  mac?: string;
   mtu: number;
   up: boolean;
   tun?: RecordingTun;
@@ -255,6 +256,7 @@ export class RecordingKernel implements KernelPort {
       links: owned.map((l) => {
         const spec: LinkSpec = { name: l.name, kind: l.kind as 'tun' | 'macvlan', mtu: l.mtu };
         if (l.parent !== undefined) spec.parent = l.parent;
+        if (l.mac !== undefined) spec.mac = l.mac;
         return spec;
       }),
       addresses: this.addresses.filter((a) => names.has(a.dev)).map((a) => ({ dev: a.dev, cidr: a.cidr })),
@@ -390,7 +392,7 @@ export class RecordingKernel implements KernelPort {
       if (change.op === 'del') return [() => this.removeLink(l.name, true)];
       const up = () => this.setLink(l.name, l.mtu);
       if (l.kind === 'tun') return [up];
-      return [() => this.addMacvlan(l.name, l.parent!), up];
+      return [() => this.addMacvlan(l.name, l.parent!, l.mac), up];
     }
     if ('address' in change) {
       const a = canonicalAddress(change.address);
@@ -439,10 +441,12 @@ export class RecordingKernel implements KernelPort {
     link.up = true;
   }
 
-  private addMacvlan(name: string, parent: string): void {
+  private addMacvlan(name: string, parent: string, mac: string | undefined): void {
     if (this.links.has(name)) fail('RTNETLINK answers: File exists');
     const lower = this.existing(parent);
-    this.links.set(name, { name, kind: 'macvlan', parent, mtu: lower.mtu, up: false });
+    const link: FakeLink = { name, kind: 'macvlan', parent, mtu: lower.mtu, up: false };
+    if (mac !== undefined) link.mac = mac;
+    this.links.set(name, link);
   }
 
   /** Removes a link with its addresses, the routes through it and the MACVLANs on it. */

@@ -19,6 +19,17 @@ describe('render', () => {
       ['ip link add link eth0 name mesh-m3 type macvlan mode bridge', 'ip link set mesh-m3 mtu 1500 up'],
     ],
     [
+      'MACVLAN add with its MAC',
+      {
+        op: 'add',
+        link: { name: 'mesh-m3', kind: 'macvlan', parent: 'eth0', mac: '02:ab:cd:ef:01:23', mtu: 1500 },
+      },
+      [
+        'ip link add link eth0 name mesh-m3 address 02:ab:cd:ef:01:23 type macvlan mode bridge',
+        'ip link set mesh-m3 mtu 1500 up',
+      ],
+    ],
+    [
       'MACVLAN del',
       { op: 'del', link: { name: 'mesh-m3', kind: 'macvlan', parent: 'eth0', mtu: 1500 } },
       ['ip link del mesh-m3'],
@@ -149,6 +160,14 @@ describe('render', () => {
       'a space in a parent',
       { op: 'add', link: { name: 'mesh-m1', kind: 'macvlan', parent: 'eth0 up', mtu: 1500 } },
       /invalid MACVLAN parent/,
+    ],
+    [
+      'a MAC that is not one',
+      {
+        op: 'add',
+        link: { name: 'mesh-m1', kind: 'macvlan', parent: 'eth0', mac: '02:ab:cd:ef:01', mtu: 1500 },
+      },
+      /invalid MAC address/,
     ],
     [
       'a MACVLAN without parent',

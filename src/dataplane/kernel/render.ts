@@ -7,7 +7,7 @@
  *
  * Choices made here (the kernel port's contract, see port.ts):
  * - addresses are added `noprefixroute` (IPv6 also `nodad`): the agent routes in its own tables;
- * - a MACVLAN is `link add link P name N type macvlan mode bridge` then `link set N mtu M up`;
+ * - a MACVLAN is `link add link P name N [address MAC] type macvlan mode bridge` then `link set N mtu M up`;
  *   a TUN already exists (openTun), so adding it is only `link set N mtu M txqueuelen Q up`;
  * - a route with a gateway is added `onlink`: the agent's addresses have no prefix route, so the
  *   kernel would otherwise refuse a gateway it cannot reach through the route's own table
@@ -43,6 +43,7 @@ export interface Rendered {
 /** The commands a Rendered stands for, as one would type them (`ip -4 route add ...`). */
 export const commandsOf = (r: Rendered): string[] => r.lines.map((l) => `${r.tool} ${l}`);
 
+const MAC = /^[0-9a-f]{2}(:[0-9a-f]{2}){5}$/;
 const NAME = /^[A-Za-z0-9_.+-]{1,15}$/;
 const validName = (n: unknown): n is string =>
   typeof n === 'string' && NAME.test(n) && n !== '.' && n !== '..';
@@ -103,8 +104,11 @@ export function renderLink(op: 'add' | 'del', link: LinkSpec): Rendered {
     };
   }
   check.need(link.kind === 'macvlan', 'link kind', link.kind);
-  const add = `link add link ${link.parent} name ${link.name} type macvlan mode bridge`;
-  new Checker(`ip ${add}`).name('MACVLAN parent', link.parent);
+  const mac = link.mac === undefined ? '' : ` address ${link.mac}`;
+  const add = `link add link ${link.parent} name ${link.name}${mac} type macvlan mode bridge`;
+  const checkAdd = new Checker(`ip ${add}`);
+  checkAdd.name('MACVLAN parent', link.parent);
+  if (link.mac !== undefined) checkAdd.need(MAC.test(link.mac), 'MAC address', link.mac);
   return { tool: 'ip', lines: [add, up] };
 }
 
