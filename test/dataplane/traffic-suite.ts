@@ -453,7 +453,7 @@ export function trafficSuite(transport: 'tcp' | 'kcp', prefix: string, index: nu
       }
     });
 
-    it('with requires_interface the destination sees the MACVLAN address, IPv4 and IPv6', async () => {
+    it('with requires_interface the destination sees the MACVLAN address, IPv4 and IPv6, and its MAC survives a restart', async () => {
       const mv = await service(
         ingress,
         {
@@ -472,6 +472,32 @@ export function trafficSuite(transport: 'tcp' | 'kcp', prefix: string, index: nu
         assert.equal((await dataplaneOf(exit2, mv)).exit_mode, 'macvlan');
         assert.equal(await remoteSeen(IP.dest2), '10.91.4.50');
         assert.equal(await remoteSeen(IP.dest26), 'fd91:4::50');
+        // Made again after a restart, the MACVLAN has the same MAC, so the destination's
+        // neighbour entry for its address (learnt just now) stays right and replies need no new
+        // resolution: with a random MAC they went to the old one for up to 10 s.
+        const macvlanMac = async () => {
+          const links = JSON.parse(await topo.run(topo.ns.exit2, 'ip', ['-j', 'link', 'show'])) as {
+            ifname: string;
+            address: string;
+          }[];
+          return links.find((l) => l.ifname.startsWith('mesh-m'))?.address;
+        };
+        const neighbour = async (address: string) =>
+          (
+            JSON.parse(await topo.run(topo.ns.dest, 'ip', ['-j', 'neigh', 'show', address])) as {
+              lladdr?: string;
+            }[]
+          )[0]?.lladdr;
+        const mac = await macvlanMac();
+        assert.match(mac ?? '', /^[0-9a-f]{2}(:[0-9a-f]{2}){5}$/);
+        assert.equal(await neighbour('fd91:4::50'), mac);
+        assert.equal(await exit2.agent.stop(), 0);
+        assert.equal(await macvlanMac(), undefined, 'a stopped agent removes its MACVLAN');
+        await exit2.agent.restart();
+        await waitUp(mv, ingress, exit2);
+        assert.equal(await macvlanMac(), mac);
+        assert.equal(await remoteSeen(IP.dest26), 'fd91:4::50');
+        assert.equal(await remoteSeen(IP.dest2), '10.91.4.50');
       } finally {
         await remove(ingress, mv);
       }
