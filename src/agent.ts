@@ -47,6 +47,7 @@ import { missingRequirements } from './dataplane/requirements.js';
 import { type Clock, OffsetClock, systemClock } from './domain/clock.js';
 import { healthProbe } from './domain/health-check.js';
 import { isServiceActive } from './domain/service-rules.js';
+import { EventLog } from './events/event-log.js';
 import { generateLicenseKeyPair } from './license/sign.js';
 import { connectNetSocket, openTransparentListener } from './native/sockets.js';
 import { openTun } from './native/tun.js';
@@ -110,6 +111,8 @@ export const AGENT_VERSION: string = (
 export interface RunningAgent {
   app: FastifyInstance;
   store: Store;
+  /** This agent's one event log (docs/events.md). */
+  events: EventLog;
   identity: Identity;
   logger: Logger;
   /** The bound address, e.g. for port 0 in tests. */
@@ -157,6 +160,11 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
   const store = new Store(join(dataDir, DATABASE_FILE));
   const started = new StartedParts(logger);
   started.add('store', () => store.close());
+  // The agent's one event log, on the store's connection: what records into it joins the
+  // transaction of the write it describes. Built before any part that records or subscribes.
+  const events = new EventLog(store, identity.peerId, clock, (err) =>
+    logger.error({ err }, 'an event listener failed'),
+  );
   let stopping = false;
   let starting = true;
   try {
@@ -218,6 +226,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     };
     const app = await buildApp({
       store,
+      events,
       identity,
       tokens,
       tokenEndpoint: new TokenEndpoint(store, hasher, tokens, new FailureThrottle(clock), clock),
@@ -301,6 +310,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     return {
       app,
       store,
+      events,
       identity,
       logger,
       url,

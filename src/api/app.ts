@@ -23,6 +23,7 @@ import type { ServiceDataPlaneStatus } from '../dataplane/dataplane.js';
 import type { Clock } from '../domain/clock.js';
 import { ApiError } from '../domain/errors.js';
 import { ALL_SCOPES, SCOPE_PREFIX } from '../domain/scopes.js';
+import type { EventLog } from '../events/event-log.js';
 import type { Store } from '../store/store.js';
 import { makeAuthorizeHook } from './authorize.js';
 import { replyToClientError, replyWithError } from './error-reply.js';
@@ -50,6 +51,8 @@ export interface HealthReport {
 
 export interface AppDeps {
   store: Store;
+  /** The agent's event log: GET /v1/events and its stream read it. */
+  events: EventLog;
   identity: Identity;
   tokens: AccessTokens;
   tokenEndpoint: TokenEndpoint;

@@ -135,4 +135,22 @@ export const MIGRATIONS: readonly string[] = [
   ALTER TABLE services ADD COLUMN health_check TEXT
     CHECK (health_check IS NULL OR json_valid(health_check));
   `,
+  // 6: the event log (src/events/event-log.ts, docs/events.md). AUTOINCREMENT so that a seq is
+  // never handed out twice, even after the newest events are deleted; the indexes serve the
+  // reads: after a seq (the key), by type prefix, by resource, and retention by time.
+  `
+  CREATE TABLE events (
+    seq           INTEGER PRIMARY KEY AUTOINCREMENT,
+    id            TEXT NOT NULL UNIQUE,
+    type          TEXT NOT NULL,
+    time          TEXT NOT NULL,
+    actor         TEXT NOT NULL CHECK (json_valid(actor)),
+    resource_kind TEXT NOT NULL,
+    resource_id   TEXT NOT NULL,
+    data          TEXT NOT NULL CHECK (json_valid(data))
+  ) STRICT;
+  CREATE INDEX events_type ON events (type, seq);
+  CREATE INDEX events_resource ON events (resource_id, seq);
+  CREATE INDEX events_time ON events (time);
+  `,
 ];

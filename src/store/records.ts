@@ -103,3 +103,14 @@ export interface TombstoneRecord {
   /** Local milliseconds when this agent learned of the deletion. */
   arrivedAt: number;
 }
+
+/** One entry of the event log (src/events/event-log.ts, where its fields are described). */
+export interface EventRecord {
+  seq: number;
+  id: string;
+  type: string;
+  time: string;
+  actor: { client_id: string | null; agent: string };
+  resource: { kind: string; id: string };
+  data: Record<string, unknown>;
+}

@@ -6,6 +6,7 @@ import { type HealthCheck, healthCheckJson } from '../domain/health-check.js';
 import type { License } from '../domain/license.js';
 import type { Scope } from '../domain/scopes.js';
 import { type Db, openDatabase } from './database.js';
+import { EventTable } from './event-table.js';
 import type {
   AgentState,
   ClusterSecretRecord,
@@ -186,10 +187,15 @@ export class Store {
   private snapshot: Snapshot | undefined;
   private writes = 0;
   private readonly writeListeners: (() => void)[] = [];
+  /** What waits for the outermost transaction under way to commit: see afterCommit(). */
+  private readonly commitQueue: (() => void)[] = [];
+  /** The event log's table (src/events/event-log.ts); its writes join the transaction under way. */
+  readonly eventTable: EventTable;
 
   constructor(file: string) {
     this.db = openDatabase(file);
     const db = this.db;
+    this.eventTable = new EventTable(db);
     // Prepared once: the read paths sit under every authenticated request.
     this.stmts = {
       state: db.prepare('SELECT * FROM agent_state WHERE singleton = 1'),
@@ -338,16 +344,34 @@ export class Store {
    */
   transaction<T>(fn: () => T): T {
     const changesBefore = this.stmts.totalChanges.get();
+    const outermost = !this.db.inTransaction;
+    const queued = this.commitQueue.length;
+    let committed = false;
     try {
-      return this.db.transaction(fn)();
+      const result = this.db.transaction(fn)();
+      committed = true;
+      return result;
     } finally {
+      // A nested transaction that rolled back (a savepoint) takes its callbacks with it.
+      if (!committed) this.commitQueue.length = queued;
       // Committed or rolled back, a snapshot taken meanwhile may not be what is stored.
       if (this.stmts.totalChanges.get() !== changesBefore) {
         this.snapshot = undefined;
         this.writes++;
         this.notifyWrite();
       }
+      if (outermost) for (const f of this.commitQueue.splice(0)) f();
     }
+  }
+
+  /**
+   * Runs `fn` once what has been written so far is durable: at once outside a transaction,
+   * after the outermost one commits inside one, and never if it rolls back (the event log tells
+   * its listeners this way, so none hears of an event that was not kept).
+   */
+  afterCommit(fn: () => void): void {
+    if (this.db.inTransaction) this.commitQueue.push(fn);
+    else fn();
   }
 
   /**
