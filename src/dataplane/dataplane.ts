@@ -629,12 +629,21 @@ export class DataPlane {
     const tick = Math.min(JUDGE_TICK_MS, this.failover.intervalMs);
     const checkEvery = Math.max(1, Math.round(this.failover.intervalMs / tick));
     let ticks = 0;
-    this.healthTimer = setInterval(() => {
-      this.judgeHealth();
-      this.runProbes(performance.now());
-      if (ticks++ % checkEvery === 0)
-        this.checkExits().catch((err) => this.options.logger.error({ err }, 'data plane: exit check failed'));
-    }, tick);
+    // Judged from a setImmediate: after a stall of this process, the keepalives that waited in
+    // the sockets are read first (Node runs timers before input), so the stall is not silence.
+    this.healthTimer = setInterval(
+      () =>
+        setImmediate(() => {
+          if (this.stopped) return;
+          this.judgeHealth();
+          this.runProbes(performance.now());
+          if (ticks++ % checkEvery === 0)
+            this.checkExits().catch((err) =>
+              this.options.logger.error({ err }, 'data plane: exit check failed'),
+            );
+        }),
+      tick,
+    );
     this.healthTimer.unref();
   }
 

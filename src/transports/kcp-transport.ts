@@ -647,6 +647,8 @@ class KcpLink implements Link {
   private blockedOnTokens = false;
   // Keepalive and dead detection.
   private lastReceivedAt = performance.now();
+  /** When the peer was last heard, by the clock alone (silentMs): no stall is taken off it. */
+  private lastHeardAt = performance.now();
   private lastPingAt = performance.now();
   private readonly tickMs: number;
   private nextTickAt: number;
@@ -683,7 +685,7 @@ class KcpLink implements Link {
   }
 
   silentMs(): number {
-    return Math.max(0, performance.now() - this.lastReceivedAt);
+    return Math.max(0, performance.now() - this.lastHeardAt);
   }
 
   send(messages: readonly TunnelMessage[]): boolean {
@@ -726,6 +728,7 @@ class KcpLink implements Link {
   /** An authenticated keepalive (or any authenticated datagram) from the peer. */
   heard(from: Remote): void {
     this.lastReceivedAt = performance.now();
+    this.lastHeardAt = this.lastReceivedAt;
     this.remote = from;
   }
 

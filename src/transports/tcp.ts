@@ -323,6 +323,8 @@ class TcpLink implements Link {
   private readonly slot = new SinkSlot();
   private readonly decoder: FrameDecoder;
   private lastReceivedAt = performance.now();
+  /** When the peer was last heard, by the clock alone (silentMs): no stall is taken off it. */
+  private lastHeardAt = performance.now();
   private lastPingAt = performance.now();
   private ticker: NodeJS.Timeout | undefined;
   private tickMs = 0;
@@ -363,6 +365,7 @@ class TcpLink implements Link {
     carrier.on('error', (error) => this.finish(undefined, error.message));
     secure.on('data', (chunk: Buffer) => {
       this.lastReceivedAt = performance.now();
+      this.lastHeardAt = this.lastReceivedAt;
       const error = this.decoder.push(chunk);
       if (error && !this.finished) this.finish('protocol', error);
     });
@@ -393,7 +396,7 @@ class TcpLink implements Link {
   }
 
   silentMs(): number {
-    return Math.max(0, performance.now() - this.lastReceivedAt);
+    return Math.max(0, performance.now() - this.lastHeardAt);
   }
 
   send(messages: readonly TunnelMessage[]): boolean {

@@ -114,8 +114,8 @@ export interface Link {
   /** Closes it; the sink hears nothing more. Idempotent. */
   close(): void;
   /**
-   * Milliseconds since anything authenticated last arrived on it (keepalive answers included),
-   * not counting time this process's event loop stood still: the tunnel's health evidence.
+   * Milliseconds since anything authenticated last arrived on it (keepalive answers included):
+   * the tunnel's health evidence (see Tunnel.silentMs for when to read it).
    */
   silentMs(): number;
 }

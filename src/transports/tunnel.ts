@@ -88,7 +88,11 @@ export interface Tunnel {
   stats(): TunnelStats;
   /**
    * While up: milliseconds since the peer was last heard on this tunnel (keepalive answers
-   * included; time this process's event loop stood still not counted). Null while not up.
+   * included), by the clock. Null while not up. Read it after the input that waited has been
+   * read (from a setImmediate queued by a timer: Node runs timers before input), so that a stall
+   * of this process is not taken for the peer's silence. Nothing is taken off for stalls: the
+   * dead timer's credit for them (tcp.ts) hid real silence for as long as the process was
+   * starved of CPU, and made a silent exit look healthy again.
    */
   silentMs(): number | null;
 }

@@ -476,7 +476,7 @@ export function trafficSuite(transport: 'tcp' | 'kcp', prefix: string, index: nu
         // neighbour entry for its address (learnt just now) stays right and replies need no new
         // resolution: with a random MAC they went to the old one for up to 10 s.
         const macvlanMac = async () => {
-          const links = JSON.parse(await topo.run(topo.ns.exit2, 'ip', ['-j', 'link', 'show'])) as {
+          const links = JSON.parse(await topo.run(topo.ns.exit2!, 'ip', ['-j', 'link', 'show'])) as {
             ifname: string;
             address: string;
           }[];
