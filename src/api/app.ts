@@ -13,6 +13,7 @@ import Fastify, { type FastifyInstance, type FastifyServerOptions, LogController
 import type { Logger } from 'pino';
 import type { AccessTokens } from '../auth/access-tokens.js';
 import type { Credentials } from '../auth/credentials.js';
+import type { ReportAuthFailure } from '../auth/failure-report.js';
 import type { TokenEndpoint } from '../auth/token-endpoint.js';
 import type { BootstrapDeps } from '../cluster/bootstrap.js';
 import type { ClusterCredential } from '../cluster/cluster-credential.js';
@@ -22,11 +23,13 @@ import type { ServiceConfig } from '../cluster/service-config.js';
 import type { ServiceDataPlaneStatus } from '../dataplane/dataplane.js';
 import type { Clock } from '../domain/clock.js';
 import { ApiError } from '../domain/errors.js';
+import type { RecordObserved } from '../domain/observed-event.js';
 import { ALL_SCOPES, SCOPE_PREFIX } from '../domain/scopes.js';
 import type { EventLog } from '../events/event-log.js';
 import type { Store } from '../store/store.js';
 import { makeAuthorizeHook } from './authorize.js';
 import { replyToClientError, replyWithError } from './error-reply.js';
+import { limitRefusedEvent } from './limit-refusals.js';
 import type { ApiMetrics } from './metrics.js';
 import { guardFor, openApiSecurity } from './route-scopes.js';
 import { registerBootstrapRoutes } from './routes/bootstrap.js';
@@ -82,6 +85,10 @@ export interface AppDeps {
   /** `--metrics-public`: /metrics without a token. */
   metricsPublic: boolean;
   https?: { cert: Buffer; key: Buffer } | undefined;
+  /** Runtime events the API observes (`license.limit_refused`); absent: none are recorded. */
+  observed?: RecordObserved | undefined;
+  /** Refused bearer tokens, counted into the aggregated `auth.failures` event. */
+  reportAuthFailure?: ReportAuthFailure | undefined;
 }
 
 export const BODY_LIMIT_BYTES = 1024 * 1024;
@@ -209,6 +216,14 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   });
 
   app.setErrorHandler(replyWithError);
+  const observed = deps.observed;
+  if (observed) {
+    app.addHook('onError', (request, _reply, error, done) => {
+      const event = limitRefusedEvent(error, request, deps.store.agentState()?.license);
+      if (event) observed(event);
+      done();
+    });
+  }
   app.setNotFoundHandler(async () => {
     throw new ApiError('NOT_FOUND', 'no such path');
   });
@@ -235,7 +250,12 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   });
   app.addHook(
     'onRequest',
-    makeAuthorizeHook(deps.tokens, deps.store, deps.metricsPublic ? { 'GET /metrics': 'public' } : {}),
+    makeAuthorizeHook(
+      deps.tokens,
+      deps.store,
+      deps.metricsPublic ? { 'GET /metrics': 'public' } : {},
+      deps.reportAuthFailure,
+    ),
   );
 
   registerHealthRoutes(app, deps);

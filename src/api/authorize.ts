@@ -7,6 +7,7 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { AccessTokens, VerifiedToken } from '../auth/access-tokens.js';
 import type { Caller } from '../auth/credentials.js';
+import type { ReportAuthFailure } from '../auth/failure-report.js';
 import { ApiError, forbidden } from '../domain/errors.js';
 import { grants, scope } from '../domain/scopes.js';
 import type { Store } from '../store/store.js';
@@ -22,11 +23,10 @@ declare module 'fastify' {
  * RFC 6750 §3: every 401 names the Bearer scheme in WWW-Authenticate; a request that presented
  * a token we refuse also gets error="invalid_token" (one with no token gets no error code).
  */
+const INVALID_TOKEN = 'Bearer realm="mesh-agent", error="invalid_token"';
 const unauthorized = (message: string, invalidToken: boolean) =>
   new ApiError('UNAUTHORIZED', message, {
-    'WWW-Authenticate': invalidToken
-      ? 'Bearer realm="mesh-agent", error="invalid_token"'
-      : 'Bearer realm="mesh-agent"',
+    'WWW-Authenticate': invalidToken ? INVALID_TOKEN : 'Bearer realm="mesh-agent"',
   });
 
 /** The guards that need a token. */
@@ -36,6 +36,7 @@ export function makeAuthorizeHook(
   tokens: AccessTokens,
   store: Store,
   overrides: Readonly<Record<string, RouteGuard>> = {},
+  reportFailure: ReportAuthFailure = () => {},
 ) {
   /** Everything after the token's verification: revocation, then scope. */
   const admit = (request: FastifyRequest, guard: Guarded, verified: VerifiedToken) => {
@@ -70,6 +71,18 @@ export function makeAuthorizeHook(
     }
   };
 
+  /** A token presented and refused counts towards `auth.failures`; a request with none does not. */
+  const refused = (request: FastifyRequest, err: Error | undefined): Error | undefined => {
+    if (
+      err instanceof ApiError &&
+      err.code === 'UNAUTHORIZED' &&
+      err.headers['WWW-Authenticate'] === INVALID_TOKEN
+    ) {
+      reportFailure({ clientId: null, source: request.ip, reason: 'invalid_token' });
+    }
+    return err;
+  };
+
   // A callback hook, not an async one: a token seen before is answered from the verification
   // cache without a promise; only a new token waits for jose.
   return function authorize(
@@ -79,20 +92,20 @@ export function makeAuthorizeHook(
   ): void {
     const { error, pending } = check(request);
     if (!pending) {
-      done(error);
+      done(error && refused(request, error));
       return;
     }
     tokens.verify(pending.token).then(
       (verified) => {
         if (!verified) {
-          done(invalidToken());
+          done(refused(request, invalidToken()));
           return;
         }
         try {
           admit(request, pending.guard, verified);
           done();
         } catch (err) {
-          done(err as Error);
+          done(refused(request, err as Error));
         }
       },
       (err: Error) => done(err),

@@ -8,7 +8,8 @@ import { OAuthError } from '../domain/errors.js';
 import { grantsAll, parseScopeParam } from '../domain/scopes.js';
 import type { Store } from '../store/store.js';
 import type { AccessTokens, IssuedToken } from './access-tokens.js';
-import { readClientCredentials, wwwAuthenticate } from './client-authentication.js';
+import { type ClientCredentials, readClientCredentials, wwwAuthenticate } from './client-authentication.js';
+import type { ReportAuthFailure } from './failure-report.js';
 import type { FailureThrottle } from './failure-throttle.js';
 import type { SecretHasher } from './secret-hash.js';
 
@@ -30,6 +31,8 @@ export class TokenEndpoint {
     private readonly tokens: AccessTokens,
     private readonly throttle: FailureThrottle,
     private readonly clock: Clock,
+    /** Refused client authentications, for the aggregated `auth.failures` event. */
+    private readonly reportFailure: ReportAuthFailure = () => {},
   ) {
     this.decoyHash = hasher.hash('decoy secret for unknown clients');
   }
@@ -40,12 +43,13 @@ export class TokenEndpoint {
     if (grantType !== 'client_credentials') {
       throw new OAuthError('unsupported_grant_type', 'only grant_type=client_credentials is supported');
     }
-    const client = readClientCredentials(req.authorization, req.form);
+    const client = this.readClient(req);
     if (!client)
       throw new OAuthError('invalid_client', 'client authentication is required', wwwAuthenticate());
 
     const verdict = this.throttle.check(req.remoteAddress, client.clientId);
     if (verdict.limited) {
+      this.reportFailure({ clientId: client.clientId, source: req.remoteAddress, reason: 'throttled' });
       throw new OAuthError('too_many_requests', 'too many failed client authentications; slow down', {
         'Retry-After': String(verdict.retryAfterSeconds),
       });
@@ -56,6 +60,11 @@ export class TokenEndpoint {
       this.hasher.matches(client.clientSecret, credential?.secretHash ?? this.decoyHash) && credential;
     if (!ok) {
       this.throttle.recordFailure(req.remoteAddress, client.clientId);
+      this.reportFailure({
+        clientId: client.clientId,
+        source: req.remoteAddress,
+        reason: credential ? 'wrong_secret' : 'unknown_client',
+      });
       // One text for an unknown client and a wrong secret: the answer must not reveal which ids exist.
       throw new OAuthError('invalid_client', 'client authentication failed', wwwAuthenticate());
     }
@@ -78,5 +87,17 @@ export class TokenEndpoint {
       this.store.touchCredential(credential.clientId, isoTime(now));
     }
     return issued;
+  }
+
+  /** The presented credentials; a malformed Basic header is a refused authentication too. */
+  private readClient(req: TokenRequest): ClientCredentials | undefined {
+    try {
+      return readClientCredentials(req.authorization, req.form);
+    } catch (err) {
+      if (err instanceof OAuthError && err.oauthCode === 'invalid_client') {
+        this.reportFailure({ clientId: null, source: req.remoteAddress, reason: 'malformed_credentials' });
+      }
+      throw err;
+    }
   }
 }
