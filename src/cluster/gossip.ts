@@ -13,6 +13,7 @@
 import type { Logger } from 'pino';
 import type { Clock } from '../domain/clock.js';
 import { isoTime } from '../domain/clock.js';
+import type { RecordObserved } from '../domain/observed-event.js';
 import type { PeerRecord } from '../store/records.js';
 import type { Store } from '../store/store.js';
 import {
@@ -67,6 +68,12 @@ export interface GossipDeps {
   logger: Logger;
   metrics: GossipMetrics;
   config: GossipConfig;
+  /**
+   * `peer.reachable` / `peer.unreachable` as the failure detector sees them: reported when a
+   * peer becomes dead or stops being dead (suspect is still reachable), and once when a peer
+   * is first heard from after start; the event log keeps only real changes (events/runtime-events.ts).
+   */
+  observed?: RecordObserved;
 }
 
 /** A reply to the HTTP layer: status and body. 200 bodies are sealed envelopes. */
@@ -119,6 +126,8 @@ export class Gossip {
   private running = false;
   private departed = false;
   private removedLogged = false;
+  /** Peers heard from since start: their reachability has been reported once. */
+  private readonly heardSinceStart = new Set<string>();
   readonly faults: FaultSwitch = { blocked: new Set(), loss: 0 };
 
   constructor(private readonly deps: GossipDeps) {
@@ -137,6 +146,7 @@ export class Gossip {
     this.fd.onChange((peerId, from, to) => {
       deps.logger[to === 'dead' ? 'warn' : 'info']({ peer_id: peerId, from, to }, 'peer liveness changed');
       this.updatePeerGauge();
+      if (to === 'dead' || from === 'dead') this.reportReachability(peerId);
     });
     deps.allocator.connect(
       (allocator, request) => this.allocate(allocator, request),
@@ -242,6 +252,7 @@ export class Gossip {
     this.fd.setMembers(this.otherActiveIds());
     await this.fd.probeOnce();
     this.updatePeerGauge();
+    this.reportFirstContacts();
     const now = clock.now();
     this.replay.prune(now);
     const others = this.otherActiveIds();
@@ -768,6 +779,36 @@ export class Gossip {
       [peers[i], peers[j]] = [peers[j]!, peers[i]!];
     }
     return peers.slice(0, n);
+  }
+
+  /**
+   * A peer heard from for the first time since start is reachable: said once, so that a log
+   * whose last word on it (before a restart) is `peer.unreachable` does not stand while it answers.
+   */
+  private reportFirstContacts(): void {
+    const members = new Set(this.otherActiveIds());
+    for (const id of this.heardSinceStart) if (!members.has(id)) this.heardSinceStart.delete(id);
+    for (const id of members) {
+      if (this.heardSinceStart.has(id)) continue;
+      const l = this.fd.liveness(id);
+      if (!l || l.lastSeenAt === null) continue;
+      this.heardSinceStart.add(id);
+      if (l.state !== 'dead') this.reportReachability(id);
+    }
+  }
+
+  private reportReachability(peerId: string): void {
+    const l = this.fd.liveness(peerId);
+    if (!l || !this.deps.observed) return;
+    const reachable = l.state !== 'dead';
+    this.deps.observed({
+      type: reachable ? 'peer.reachable' : 'peer.unreachable',
+      resource: { kind: 'peer', id: peerId },
+      data: {
+        last_seen_at: l.lastSeenAt === null ? null : isoTime(l.lastSeenAt),
+        incarnation: l.incarnation,
+      },
+    });
   }
 
   private updatePeerGauge(): void {
