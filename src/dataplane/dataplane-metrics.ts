@@ -85,6 +85,15 @@ export function registerDataPlaneMetrics(registry: Registry, dataplane: DataPlan
       this.inc(dataplane.tunFailureCount());
     },
   });
+  new Counter({
+    name: 'mesh_dataplane_drift_repairs_total',
+    help: 'Reconciles that found owned kernel state changed behind the agent and put it back (one dataplane.drift_repaired event each).',
+    registers,
+    collect() {
+      this.reset();
+      this.inc(dataplane.driftRepairCount());
+    },
+  });
   new Gauge({
     name: 'mesh_dataplane_entries',
     help: 'Entries the data plane keeps, by structure (docs/memory.md says what bounds each).',

@@ -6,6 +6,7 @@ import { afterEach, describe, it } from 'node:test';
 import { pino } from 'pino';
 import { udpV4 } from '../../test/helpers/ip-packets.js';
 import { planRoute, planService, S1, S2, S3 } from '../../test/helpers/plan-fixtures.js';
+import type { ObservedEvent } from '../domain/observed-event.js';
 import { MemoryNetwork, type MemoryTransport, memoryPublicKey } from '../transports/memory.js';
 import { StaticPeerDirectory } from '../transports/static-directory.js';
 import { DataPlane, type DataPlaneView, type FailoverOptions } from './dataplane.js';
@@ -91,6 +92,8 @@ function newKernel(extra: Partial<ConstructorParameters<typeof RecordingKernel>[
 
 interface Plane {
   id: string;
+  /** The runtime events it reported, in order. */
+  events: ObservedEvent[];
   kernel: RecordingKernel;
   transport: MemoryTransport;
   /** The second transport (as `kcp`), when the plane was given a second network. */
@@ -134,7 +137,9 @@ function plane(
     ...(options.highWaterMark === undefined ? {} : { highWaterMark: options.highWaterMark }),
   });
   const kcp = options.kcpNetwork?.transport({ localPeerId: id, directory: directory() }) ?? null;
+  const events: ObservedEvent[] = [];
   const dp = new DataPlane({
+    observed: (e) => events.push(e),
     kernel,
     transports: kcp ? { tcp: transport, kcp } : { tcp: transport },
     logger: pino({ level: 'silent' }),
@@ -144,10 +149,13 @@ function plane(
     reconcileIntervalMs: options.reconcileIntervalMs ?? 3_600_000,
     ...(options.failover ? { failover: options.failover } : {}),
   });
-  const p = { id, kernel, transport, kcp, dp };
+  const p = { id, events, kernel, transport, kcp, dp };
   live.push(p);
   return p;
 }
+
+/** The events of `type` a plane reported. */
+const eventsOf = (p: Plane, type: string) => p.events.filter((e) => e.type === type);
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
@@ -512,8 +520,10 @@ describe('DataPlane with a recording kernel: reconciling', { timeout: 60_000 }, 
   });
 
   it('repairs drift: owned state changed behind its back is put back at the next settle', async () => {
-    const { dp, kernel } = plane(new MemoryNetwork(), LOCAL);
+    const p = plane(new MemoryNetwork(), LOCAL);
+    const { dp, kernel } = p;
     await dp.start(baseView());
+    assert.deepEqual(eventsOf(p, 'dataplane.drift_repaired'), [], 'the first apply is no repair');
     const expected = baseExpected();
     const nftBefore = await assertKernel(kernel, expected);
 
@@ -535,6 +545,17 @@ describe('DataPlane with a recording kernel: reconciling', { timeout: 60_000 }, 
     ]);
     assert.equal(lines.length, 6);
     assert.equal(await assertKernel(kernel, expected), nftBefore);
+    // One event for the repair, naming what it ran (the nftables table by name only).
+    const [repair, ...more] = eventsOf(p, 'dataplane.drift_repaired');
+    assert.deepEqual(more, []);
+    assert.deepEqual(repair!.resource, { kind: 'agent', id: LOCAL });
+    assert.equal(repair!.data.changes, 4);
+    assert.deepEqual(repair!.data.repaired, [
+      `ip -6 route add default dev ${TUN2} table ${tableOf(SLOT2)}`,
+      `ip -4 rule add pref 22000 to 10.92.0.0/16 lookup ${tableOf(SLOT1)}`,
+      `ip -4 rule del pref 22500 to 10.50.0.0/16 lookup ${tableOf(SLOT1)}`,
+      'nft: table replaced',
+    ]);
 
     // The table deleted outright comes back too; a repaired state is then left alone.
     await kernel.apply([{ op: 'nft', ruleset: null }]);
@@ -543,10 +564,23 @@ describe('DataPlane with a recording kernel: reconciling', { timeout: 60_000 }, 
     const quiet = kernel.transcript.length;
     await dp.settle();
     assert.equal(kernel.transcript.length, quiet);
+    assert.equal(
+      eventsOf(p, 'dataplane.drift_repaired').length,
+      2,
+      'one per repair, none for a quiet reconcile',
+    );
+    assert.equal(dp.driftRepairCount(), 2);
+
+    // A change of the view is applied, and is no drift.
+    dp.update(view(LOCAL, baseServices(), [...baseRoutes(), route(2, S1, 200, '10.93.0.0/16')]));
+    await dp.settle();
+    assert.ok(kernel.transcript.length > quiet);
+    assert.equal(eventsOf(p, 'dataplane.drift_repaired').length, 2);
   });
 
   it('repairs a TUN link deleted behind its back (ip link del mesh-tN): the TUN is re-opened', async () => {
-    const { dp, kernel } = plane(new MemoryNetwork(), LOCAL);
+    const p = plane(new MemoryNetwork(), LOCAL);
+    const { dp, kernel } = p;
     await dp.start(baseView());
     const old = kernel.tuns.get(TUN1)!;
     await kernel.apply([{ op: 'del', link: { name: TUN1, kind: 'tun', mtu: 1500 } }]);
@@ -556,6 +590,7 @@ describe('DataPlane with a recording kernel: reconciling', { timeout: 60_000 }, 
     const now = kernel.tuns.get(TUN1);
     assert.ok(now && now !== old && !now.detached, 'a new TUN device is open');
     await assertKernel(kernel, baseExpected());
+    assert.equal(eventsOf(p, 'dataplane.drift_repaired').length, 1);
   });
 
   it("a view that arrives while start removes a predecessor's state waits for it: nothing opened is removed", async () => {
@@ -894,6 +929,55 @@ describe('DataPlane with a memory network: tunnels and packets', { timeout: 60_0
     );
     assert.ok(performance.now() - healthyAt >= failover.holdDownMs * 0.9, 'the hold-down was waited out');
     assert.equal(a.dp.healthChangeCounts().get('tunnel_silent'), 1);
+
+    // The events: S1's health at each change (the first, healthy, is the one the log's default
+    // absorbs: runtime-events.ts), one failover each way, none at start.
+    assert.deepEqual(
+      eventsOf(a, 'service.health_changed')
+        .filter((e) => e.resource.id === S1)
+        .map((e) => [e.data.state, e.data.reason]),
+      [
+        ['healthy', null],
+        ['unhealthy', 'tunnel_silent'],
+        ['healthy', null],
+      ],
+    );
+    assert.deepEqual(
+      eventsOf(a, 'service.failover').map((e) => [e.resource.id, e.data]),
+      [
+        [
+          S1,
+          {
+            from_service: S1,
+            to_service: S3,
+            reason: 'tunnel_silent',
+            routes: [{ id: 1, source_cidr: null, dest_cidr: '10.92.0.0/16' }],
+          },
+        ],
+        [
+          S1,
+          {
+            from_service: S3,
+            to_service: S1,
+            reason: 'healthy',
+            routes: [{ id: 1, source_cidr: null, dest_cidr: '10.92.0.0/16' }],
+          },
+        ],
+      ],
+    );
+    // Tunnels: each up at start, then up and down in turn.
+    for (const peer of [B, Z]) {
+      const states = a.events.filter((e) => e.resource.id === peer).map((e) => e.type);
+      assert.equal(states[0], 'tunnel.up', `${peer}: ${states}`);
+      assert.deepEqual(
+        states,
+        states.map((_, i) => (i % 2 === 0 ? 'tunnel.up' : 'tunnel.down')),
+      );
+      assert.deepEqual(a.events.find((e) => e.resource.id === peer)?.data, {
+        peer_id: peer,
+        transport: 'tcp',
+      });
+    }
   });
 
   it("failover: the exit's own route check, told to the ingress: no route, a LAN route gone, back", async () => {

@@ -17,14 +17,17 @@
 import { lookup } from 'node:dns/promises';
 import { createServer, isIP, isIPv6, type Server, type Socket } from 'node:net';
 import type { Logger } from 'pino';
+import { isoTime } from '../domain/clock.js';
 import type { HealthProbe } from '../domain/health-check.js';
+import type { RecordObserved } from '../domain/observed-event.js';
 import { parsePeerAddress } from '../domain/peer-address.js';
 import { type TunnelMessage, type TunnelState, type TunnelTransport, wholeOf } from '../transports/tunnel.js';
 import { diff } from './diff.js';
 import { type ExitDestinations, ExitReach, type ExitReachVerdict } from './exit-reach.js';
 import { HealthTracker, type HealthVerdict } from './health.js';
 import { AGENT_MARK, transparentSocketMark } from './kernel/ownership.js';
-import type { KernelPort, Tun } from './kernel/port.js';
+import type { KernelChange, KernelPort, Tun } from './kernel/port.js';
+import { commandsOf, renderChange } from './kernel/render.js';
 import { decodeMessage, encodePacket, uuidBytes } from './packet-frames.js';
 import {
   type CarriedService,
@@ -87,6 +90,11 @@ export interface DataPlaneOptions {
   netAdmin?: () => boolean;
   /** Failover's timing (health.ts); default DEFAULT_FAILOVER. */
   failover?: FailoverOptions;
+  /**
+   * Runtime events (docs/events.md): tunnels up and down, ingress health changes and failover
+   * switches, kernel drift repaired; each reported once, where it is logged.
+   */
+  observed?: RecordObserved;
 }
 
 export interface FailoverOptions {
@@ -306,6 +314,12 @@ export class DataPlane {
   /** start() has removed what a predecessor left in the kernel: reconciles may run. */
   private flushed = false;
   private tunFailures = 0;
+  /** Reconciles that found the kernel changed behind the agent's back and put it right. */
+  private driftRepairs = 0;
+  /** The desired kernel state of the last reconcile that applied: the same again is drift. */
+  private appliedKernel: string | null = null;
+  /** Tunnels up now, by `transport|peer`: a tunnel.down is said only of one that was up. */
+  private readonly tunnelsUp = new Set<string>();
   private timer: NodeJS.Timeout | null = null;
   private stopped = false;
   private lastError: string | null = null;
@@ -346,6 +360,7 @@ export class DataPlane {
       transport.on('state', (peerId, state) => {
         // A dead tunnel resets its streams: their clients see an error, never a hang.
         if (state !== 'up') this.streams?.muxes.get(kind)?.peerDown(peerId);
+        this.reportTunnel(kind, peerId, state);
         this.tunnelChanged(kind, peerId, state);
         this.schedule();
       });
@@ -950,14 +965,19 @@ export class DataPlane {
     const settingUp = [...this.tunsToSetUp];
     observed.links = observed.links.map((l) => (this.tunsToSetUp.has(l.name) ? { ...l, mtu: 0 } : l));
     const changes = diff(observed, next.kernel, this.nft);
+    // What was wanted has not changed since the last apply, yet the kernel differs: drift.
+    const desired = JSON.stringify(next.kernel);
+    const drift = changes.length > 0 && desired === this.appliedKernel;
     if (changes.length > 0) {
       await kernel.apply(changes);
       for (const name of settingUp) this.tunsToSetUp.delete(name);
       if (changes.some((c) => c.op === 'nft')) {
         this.nft = { applied: (await kernel.observe()).nft, appliedFrom: next.kernel.nft };
       }
-      this.options.logger.info({ changes: changes.length }, 'data plane kernel state reconciled');
+      this.options.logger.info({ changes: changes.length, drift }, 'data plane kernel state reconciled');
     }
+    this.appliedKernel = desired;
+    if (drift) this.reportDrift(view.localPeerId, changes);
     this.lastPlan = next;
     this.lastPlanUnreachable = unreachable;
     // What the kernel now selects: intercepted connections are named by these, not by a newer
@@ -1139,6 +1159,14 @@ export class DataPlane {
         const to = v.reason ?? v.state;
         this.healthChanges.set(to, (this.healthChanges.get(to) ?? 0) + 1);
         this.options.logger.info({ service: id, state: v.state, reason: v.reason }, 'service health changed');
+        // `unknown` is a service whose tunnel has not answered yet: nothing observed.
+        if (v.state !== 'unknown') {
+          this.options.observed?.({
+            type: 'service.health_changed',
+            resource: { kind: 'service', id },
+            data: { state: v.state, reason: v.reason, since: isoTime(Date.now() - (now - v.since)) },
+          });
+        }
       }
       if (change.carrying) redo = true;
     }
@@ -1159,8 +1187,86 @@ export class DataPlane {
     for (const id of this.standby)
       if (!standby.has(id) && ids.has(id))
         this.options.logger.info({ service: id }, 'service carries its routes again');
+    this.reportFailovers(this.standby, standby, ids, now);
     this.standby = standby;
     this.schedule();
+  }
+
+  /**
+   * `service.failover`, once per switch: for each service that stood aside or took its routes
+   * back, where each of its routes' traffic went from and to (by the routes this ingress ranks,
+   * asked at each route's own network address). A switch that moves no traffic (no other route
+   * takes it, or the one it leaves did not carry) is no failover: the health change says it all.
+   */
+  private reportFailovers(
+    before: ReadonlySet<string>,
+    after: ReadonlySet<string>,
+    ingress: ReadonlySet<string>,
+    now: number,
+  ): void {
+    const observed = this.options.observed;
+    if (!observed || !this.view) return;
+    const switched = [...ingress].filter((id) => before.has(id) !== after.has(id));
+    if (switched.length === 0) return;
+    const routes = this.view.routes.filter((r) => ingress.has(r.serviceId));
+    const was = new RouteMatcher(routes, before);
+    const is = new RouteMatcher(routes, after);
+    for (const id of switched) {
+      const moves = new Map<string, PlanRoute[]>();
+      for (const r of routes) {
+        if (r.serviceId !== id) continue;
+        const [src, dst] = routePoint(r);
+        const from = was.serviceOf(src, dst);
+        const to = is.serviceOf(src, dst);
+        // Traffic moves only from a service that carried it: at start, services standing aside
+        // until their tunnels first answer hand over nothing.
+        if (from === null || to === null || from === to || before.has(from)) continue;
+        const key = `${from} ${to}`;
+        moves.set(key, [...(moves.get(key) ?? []), r]);
+      }
+      const reason = after.has(id) ? this.health.verdict(id, now).standbyReason : 'healthy';
+      for (const [key, moved] of moves) {
+        const [from, to] = key.split(' ') as [string, string];
+        observed({
+          type: 'service.failover',
+          resource: { kind: 'service', id },
+          data: {
+            from_service: from,
+            to_service: to,
+            reason,
+            routes: moved.map((r) => ({ id: r.id, source_cidr: r.sourceCidr, dest_cidr: r.destCidr })),
+          },
+        });
+      }
+    }
+  }
+
+  /** `tunnel.up` when a tunnel comes up, `tunnel.down` when one that was up is no longer. */
+  private reportTunnel(kind: TransportKind, peerId: string, state: TunnelState): void {
+    const key = `${kind}|${peerId}`;
+    const up = state === 'up';
+    if (up === this.tunnelsUp.has(key)) return;
+    if (up) this.tunnelsUp.add(key);
+    else this.tunnelsUp.delete(key);
+    this.options.observed?.({
+      type: up ? 'tunnel.up' : 'tunnel.down',
+      resource: { kind: 'tunnel', id: peerId },
+      data: { peer_id: peerId, transport: kind },
+    });
+  }
+
+  /** `dataplane.drift_repaired`: one per reconcile that put back what changed behind the agent. */
+  private reportDrift(localPeerId: string, changes: readonly KernelChange[]): void {
+    this.driftRepairs++;
+    this.options.logger.warn({ changes: changes.length }, 'data plane: kernel drift repaired');
+    this.options.observed?.({
+      type: 'dataplane.drift_repaired',
+      resource: { kind: 'agent', id: localPeerId },
+      data: {
+        changes: changes.length,
+        repaired: changes.slice(0, DRIFT_CHANGES_SHOWN).map(describeChange),
+      },
+    });
   }
 
   /**
@@ -1355,6 +1461,11 @@ export class DataPlane {
     return this.tunFailures;
   }
 
+  /** Reconciles that repaired kernel drift since start. */
+  driftRepairCount(): number {
+    return this.driftRepairs;
+  }
+
   /**
    * The counters of a service deleted from the cluster go with it, and so do their series on
    * /metrics: without this the agent would keep every service it ever carried.
@@ -1536,4 +1647,25 @@ export class DataPlane {
       byReason.set(reason, (byReason.get(reason) ?? 0) + count);
     }
   }
+}
+
+/** How many of a drift repair's changes its event lists (the count says how many there were). */
+const DRIFT_CHANGES_SHOWN = 20;
+
+/** A change as the commands it ran; the nftables table by name only (its ruleset is long). */
+function describeChange(change: KernelChange): string {
+  if (change.op === 'nft') return change.ruleset === null ? 'nft: table deleted' : 'nft: table replaced';
+  try {
+    return commandsOf(renderChange(change)).join('; ');
+  } catch {
+    return `${change.op} ${Object.keys(change).find((k) => k !== 'op')}`;
+  }
+}
+
+/** A route's own network address, source and destination: where its traffic is asked about. */
+function routePoint(r: PlanRoute): [string, string] {
+  const family6 = (r.sourceCidr ?? r.destCidr ?? '').includes(':');
+  const any = family6 ? '::' : '0.0.0.0';
+  const address = (cidr: string | null) => (cidr === null ? any : cidr.split('/')[0]!);
+  return [address(r.sourceCidr), address(r.destCidr)];
 }
