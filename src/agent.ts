@@ -10,6 +10,8 @@
  * `stop()` and for a start-up that fails half way alike: kernel state goes while the store still
  * says what it was, the tunnels close before the API waits for its connections, gossip finishes
  * its round in flight, and the store closes last. /readyz says "starting" until all have started.
+ * The runtime events' reporters (aggregated auth failures, the license watch) stop after the API
+ * and before the store: what they counted is recorded before the log closes.
  */
 import { createPrivateKey, type KeyObject, randomBytes } from 'node:crypto';
 import { mkdirSync, readFileSync } from 'node:fs';
@@ -21,6 +23,7 @@ import { registerLicenseMetrics } from './api/license-status.js';
 import { ApiMetrics } from './api/metrics.js';
 import { AccessTokens } from './auth/access-tokens.js';
 import { Credentials } from './auth/credentials.js';
+import { AuthFailureReporter } from './auth/failure-report.js';
 import { FailureThrottle } from './auth/failure-throttle.js';
 import { SecretHasher } from './auth/secret-hash.js';
 import { TokenEndpoint } from './auth/token-endpoint.js';
@@ -46,8 +49,11 @@ import { LinuxKernel } from './dataplane/kernel/linux.js';
 import { missingRequirements } from './dataplane/requirements.js';
 import { type Clock, OffsetClock, systemClock } from './domain/clock.js';
 import { healthProbe } from './domain/health-check.js';
+import type { RecordObserved } from './domain/observed-event.js';
 import { isServiceActive } from './domain/service-rules.js';
 import { EventLog } from './events/event-log.js';
+import { LicenseWatch } from './events/license-watch.js';
+import { RuntimeEvents } from './events/runtime-events.js';
 import { generateLicenseKeyPair } from './license/sign.js';
 import { connectNetSocket, openTransparentListener } from './native/sockets.js';
 import { openTun } from './native/tun.js';
@@ -165,6 +171,14 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
   const events = new EventLog(store, identity.peerId, clock, (err) =>
     logger.error({ err }, 'an event listener failed'),
   );
+  // What the parts observe (docs/events.md "Runtime events"), recorded with this agent as actor.
+  const observed = new RuntimeEvents(events, logger.child({ component: 'events' })).record;
+  // Registered before the API: stopped after it, so no failure counted is left unreported.
+  const authFailures = new AuthFailureReporter(clock, observed, identity.peerId);
+  started.add('auth failures', () => authFailures.stop());
+  const licenseWatch = new LicenseWatch(() => store.agentState()?.license, events, observed, clock);
+  started.add('license watch', () => licenseWatch.stop());
+  store.onWrite(() => licenseWatch.poke());
   let stopping = false;
   let starting = true;
   try {
@@ -192,6 +206,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       clock,
       logger: logger.child({ component: 'gossip' }),
       metrics: new GossipMetrics(metrics.registry),
+      observed,
       config: {
         ...DEFAULT_GOSSIP_CONFIG,
         intervalMs: config.gossipIntervalMs ?? DEFAULT_GOSSIP_CONFIG.intervalMs,
@@ -229,7 +244,14 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       events,
       identity,
       tokens,
-      tokenEndpoint: new TokenEndpoint(store, hasher, tokens, new FailureThrottle(clock), clock),
+      tokenEndpoint: new TokenEndpoint(
+        store,
+        hasher,
+        tokens,
+        new FailureThrottle(clock),
+        clock,
+        authFailures.report,
+      ),
       credentials: new Credentials(store, hasher, clock),
       clusterCredential,
       services: new ServiceConfig(store, clock, replica, allocator),
@@ -270,6 +292,8 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       metrics,
       metricsPublic: config.metricsPublic ?? false,
       https: config.tls,
+      observed,
+      reportAuthFailure: authFailures.report,
     });
     // The tunnel shares the API's port through an HTTP Upgrade (docs/dataplane.md).
     app.server.on('upgrade', (req, socket, head) => {
@@ -279,7 +303,15 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     await app.listen({ host: config.listenHost, port: config.listenPort });
     // After the API listens: a port already taken stops the start-up before any tunnel socket
     // is bound, and the tcp tunnels ride the API's connections (HTTP Upgrade).
-    data = await buildDataPlane(config, store, identity, createPrivateKey(identityPem), scheme, logger);
+    data = await buildDataPlane(
+      config,
+      store,
+      identity,
+      createPrivateKey(identityPem),
+      scheme,
+      logger,
+      observed,
+    );
     if (data) {
       const parts = data;
       started.add('tunnels', () => parts.close());
@@ -292,6 +324,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       started.add('data plane', () => parts.stop());
       await parts.start();
     }
+    licenseWatch.start();
     starting = false;
     if (testClock) logger.warn('test hooks are on: the clock and gossip faults can be changed over the API');
     const address = app.server.address();
@@ -399,6 +432,7 @@ async function buildDataPlane(
   identityKey: KeyObject,
   scheme: 'http' | 'https',
   logger: Logger,
+  observed: RecordObserved,
 ): Promise<DataPlaneParts | null> {
   const mode = config.dataplane ?? 'off';
   if (mode === 'off') return null;
@@ -467,6 +501,7 @@ async function buildDataPlane(
       apiPort: config.listenPort || apiPort,
       macvlanParent: config.macvlanParent ?? null,
       failover,
+      observed,
       // TCP crosses as streams (TPROXY at the ingress, re-originated at the exit).
       sockets: { openTransparentListener, connectNetSocket },
     });

@@ -1,9 +1,13 @@
 import assert from 'node:assert/strict';
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { describe, it } from 'node:test';
 import { pino } from 'pino';
-import { MemoryLog } from '../../test/helpers/memory-event-log.js';
 import { ManualClock } from '../domain/clock.js';
 import type { License } from '../domain/license.js';
+import { Store } from '../store/store.js';
+import { EventLog } from './event-log.js';
 import { alreadyRecorded, LicenseWatch, licenseEventDue } from './license-watch.js';
 import { RuntimeEvents } from './runtime-events.js';
 
@@ -59,14 +63,16 @@ describe('license.expiring and license.expired', () => {
   });
 
   it('records each threshold once as time passes, once across restarts, and expiry once', () => {
-    const log = new MemoryLog();
+    const store = new Store(join(mkdtempSync(join(tmpdir(), 'license-watch-')), 'db'));
     const clock = new ManualClock(T0);
+    const log = new EventLog(store, 'self', clock);
+    const recorded = () => log.after(0);
     let current: License | undefined;
     const watch = () =>
       new LicenseWatch(() => current, log, new RuntimeEvents(log, pino({ level: 'silent' })).record, clock);
     let w = watch();
     w.check();
-    assert.equal(log.events.length, 0, 'before bootstrap: no license, nothing');
+    assert.equal(recorded().length, 0, 'before bootstrap: no license, nothing');
     current = license('L1', T0 + 40 * DAY);
     for (const step of [0, 5, 10, 11, 20, 33, 34]) {
       clock.set(T0 + step * DAY);
@@ -83,7 +89,7 @@ describe('license.expiring and license.expired', () => {
     w = watch();
     w.check();
     assert.deepEqual(
-      log.events.map((e) => [e.type, e.resource.id, e.data.threshold_days ?? null]),
+      recorded().map((e) => [e.type, e.resource.id, e.data.threshold_days ?? null]),
       [
         ['license.expiring', 'L1', 30],
         ['license.expiring', 'L1', 7],
@@ -91,14 +97,16 @@ describe('license.expiring and license.expired', () => {
         ['license.expired', 'L1', null],
       ],
     );
-    assert.equal(log.events[0]!.data.expires_at, current.expires_at);
-    assert.equal(log.events[1]!.data.days_left, 7, 'seen at exactly 7 days left');
+    assert.equal(recorded()[0]!.data.expires_at, current.expires_at);
+    assert.equal(recorded()[1]!.data.days_left, 7, 'seen at exactly 7 days left');
 
     // A new license starts its own count; one first seen with 3 days left says 7, not 30 too.
     current = license('L2', clock.now() + 3 * DAY);
     w.check();
     assert.deepEqual(
-      log.events.slice(4).map((e) => [e.type, e.resource.id, e.data.threshold_days]),
+      recorded()
+        .slice(4)
+        .map((e) => [e.type, e.resource.id, e.data.threshold_days]),
       [['license.expiring', 'L2', 7]],
     );
   });

@@ -1,8 +1,8 @@
 /**
  * `license.expiring` (30, 7 and 1 days before expiry) and `license.expired` (docs/events.md
- * "Runtime events"): looked at when the agent starts and then every few seconds, each recorded
- * once per license and expiry, across restarts too: before recording, the log is asked whether
- * it already holds that event. An agent that was down when a threshold passed records only the
+ * "Runtime events"): looked at when the agent starts, when its license arrives (bootstrap) and
+ * then every few seconds; each recorded once per license and expiry, across restarts too: before
+ * recording, the log is asked whether it already holds that event. An agent that was down when a threshold passed records only the
  * tightest one passed (a 30-day warning with 5 days left would say less than the 7-day one).
  * Only agent.ts builds it.
  */
@@ -55,6 +55,8 @@ export class LicenseWatch {
   private timer: NodeJS.Timeout | undefined;
   /** What was last found recorded (or recorded here), so the log is asked once per step. */
   private settled = '';
+  private seenLicense = false;
+  private poked = false;
 
   constructor(
     private readonly license: () => License | undefined,
@@ -62,6 +64,20 @@ export class LicenseWatch {
     private readonly record: RecordObserved,
     private readonly clock: Clock,
   ) {}
+
+  /**
+   * A write happened: until this agent holds a license (bootstrap), look at once, so that a
+   * license already within a warning says so when it arrives, not seconds later. Deferred:
+   * write listeners must not write synchronously (store.ts).
+   */
+  poke(): void {
+    if (this.seenLicense || this.poked || !this.timer) return;
+    this.poked = true;
+    setImmediate(() => {
+      this.poked = false;
+      this.check();
+    });
+  }
 
   start(): void {
     this.check();
@@ -77,6 +93,7 @@ export class LicenseWatch {
   check(): void {
     const license = this.license();
     if (!license) return;
+    this.seenLicense = true;
     const due = licenseEventDue(license.expires_at, this.clock.now());
     if (!due) return;
     const step = JSON.stringify([

@@ -1,11 +1,39 @@
-// Unit tests of the runtime events' state keeping (runtime-events.ts) over an in-memory log.
+// Unit tests of the runtime events' state keeping (runtime-events.ts) over a real event log.
 import assert from 'node:assert/strict';
-import { describe, it } from 'node:test';
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, describe, it } from 'node:test';
 import { pino } from 'pino';
-import { MemoryLog } from '../../test/helpers/memory-event-log.js';
+import { ManualClock } from '../domain/clock.js';
 import type { ObservedEvent } from '../domain/observed-event.js';
-import type { MeshEvent } from './event-log.js';
+import { Store } from '../store/store.js';
+import { EventLog, type MeshEvent } from './event-log.js';
 import { lastEventOf, RuntimeEvents } from './runtime-events.js';
+
+const stores: Store[] = [];
+after(() => {
+  for (const s of stores) s.close();
+});
+
+/** A real event log on a fresh store, counting its reads. */
+class CountedLog {
+  readonly log: EventLog;
+  reads = 0;
+  constructor() {
+    const store = new Store(join(mkdtempSync(join(tmpdir(), 'runtime-events-')), 'db'));
+    stores.push(store);
+    this.log = new EventLog(store, 'self', new ManualClock());
+  }
+  get events(): MeshEvent[] {
+    return this.log.after(0);
+  }
+  record = (e: Parameters<EventLog['record']>[0]) => this.log.record(e);
+  after = (...args: Parameters<EventLog['after']>) => {
+    this.reads++;
+    return this.log.after(...args);
+  };
+}
 
 const silent = pino({ level: 'silent' });
 const reach = (peer: string, reachable: boolean): ObservedEvent => ({
@@ -18,11 +46,11 @@ const health = (service: string, state: string, reason: string | null = null): O
   resource: { kind: 'service', id: service },
   data: { state, reason, since: '2026-01-01T00:00:00.000Z' },
 });
-const types = (log: MemoryLog) => log.events.map((e) => `${e.type} ${e.resource.id}`);
+const types = (log: CountedLog) => log.events.map((e) => `${e.type} ${e.resource.id}`);
 
 describe('RuntimeEvents: reachability and health are states, recorded when they change', () => {
   it('a peer: reachable by default (no event), one event per change, repeats dropped', () => {
-    const log = new MemoryLog();
+    const log = new CountedLog();
     const events = new RuntimeEvents(log, silent);
     events.record(reach('p1', true));
     events.record(reach('p2', true));
@@ -36,7 +64,7 @@ describe('RuntimeEvents: reachability and health are states, recorded when they 
   });
 
   it('across a restart the log says the last state: no repeat, and a change is recorded', () => {
-    const log = new MemoryLog();
+    const log = new CountedLog();
     new RuntimeEvents(log, silent).record(reach('p1', false));
     const restarted = new RuntimeEvents(log, silent);
     restarted.record(reach('p1', false));
@@ -47,7 +75,7 @@ describe('RuntimeEvents: reachability and health are states, recorded when they 
   });
 
   it('reads the log once per peer, not once per observation', () => {
-    const log = new MemoryLog();
+    const log = new CountedLog();
     const events = new RuntimeEvents(log, silent);
     for (let i = 0; i < 50; i++) events.record(reach('p1', i % 2 === 0));
     assert.equal(log.events.length, 49);
@@ -55,7 +83,7 @@ describe('RuntimeEvents: reachability and health are states, recorded when they 
   });
 
   it('a service: unknown is no observation; healthy by default; a new reason is a change', () => {
-    const log = new MemoryLog();
+    const log = new CountedLog();
     const events = new RuntimeEvents(log, silent);
     events.record(health('s1', 'unknown'));
     events.record(health('s1', 'healthy'));
@@ -78,7 +106,7 @@ describe('RuntimeEvents: reachability and health are states, recorded when they 
   });
 
   it('other types are recorded as reported, with the agent as actor (the log default)', () => {
-    const log = new MemoryLog();
+    const log = new CountedLog();
     const events = new RuntimeEvents(log, silent);
     const tunnel = { type: 'tunnel.up', resource: { kind: 'tunnel', id: 'p1' }, data: { transport: 'tcp' } };
     events.record(tunnel);
@@ -102,7 +130,7 @@ describe('RuntimeEvents: reachability and health are states, recorded when they 
   });
 
   it('lastEventOf pages through more than one read of the log, and matches the type exactly', () => {
-    const log = new MemoryLog();
+    const log = new CountedLog();
     for (let i = 0; i < 2500; i++) log.record({ ...reach('p1', i % 2 === 1), data: { i } });
     log.record({ ...reach('p2', false), data: {} });
     const last = lastEventOf(log, 'peer.reachable', 'p1');

@@ -33,8 +33,20 @@ const ALLOWED: Record<string, string[]> = {
   native: ['native'],
   transports: ['domain', 'native', 'transports'],
   dataplane: ['domain', 'transports', 'native', 'dataplane'],
-  api: ['domain', 'store', 'auth', 'license', 'cluster', 'dataplane', 'api'],
-  'agent.ts': ['domain', 'store', 'auth', 'license', 'cluster', 'dataplane', 'transports', 'native', 'api'],
+  events: ['domain', 'store', 'events'],
+  api: ['domain', 'store', 'auth', 'license', 'cluster', 'dataplane', 'events', 'api'],
+  'agent.ts': [
+    'domain',
+    'store',
+    'auth',
+    'license',
+    'cluster',
+    'dataplane',
+    'transports',
+    'native',
+    'events',
+    'api',
+  ],
   cli: ['agent.ts', 'domain', 'store', 'license', 'native', 'cli'],
 };
 
