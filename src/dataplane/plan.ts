@@ -171,22 +171,57 @@ export function routeOrder(
   standby: ReadonlySet<string> = NO_SERVICES,
 ): (a: PlanRoute, b: PlanRoute) => number {
   if (standby.size === 0) return compareRoutes;
-  return (a, b) => Number(standby.has(a.serviceId)) - Number(standby.has(b.serviceId)) || compareRoutes(a, b);
+  return (a, b) => rankBetween(a, b, standby);
 }
 
 const NO_SERVICES: ReadonlySet<string> = new Set();
 
 /** docs/decisions.md §6 selection order: lower priority, longer destination, longer source, lower id. */
 export function compareRoutes(a: PlanRoute, b: PlanRoute): number {
-  return (
-    a.priority - b.priority ||
-    prefixLength(b.destCidr) - prefixLength(a.destCidr) ||
-    prefixLength(b.sourceCidr) - prefixLength(a.sourceCidr) ||
-    a.id - b.id
-  );
+  return rankBetween(a, b, NO_SERVICES);
 }
 
-function prefixLength(cidr: string | null): number {
+/** The keys of the selection order, in the order they are asked (orderBetween). */
+export type OrderKey = 'standby' | 'priority' | 'dest_prefix' | 'source_prefix' | 'id';
+const ORDER_KEYS: readonly OrderKey[] = ['standby', 'priority', 'dest_prefix', 'source_prefix', 'id'];
+
+/**
+ * Which key of the selection order (with failover) puts `a` before or after `b`, and which way:
+ * `difference` -1 when `a` comes first, 1 when `b` does. Null for the same route. routeOrder and
+ * compareRoutes are this comparison, and explain (explain.ts) names its key, so a reason can
+ * never disagree with the order that ranked the routes.
+ */
+export function orderBetween(
+  a: PlanRoute,
+  b: PlanRoute,
+  standby: ReadonlySet<string>,
+): { key: OrderKey; difference: -1 | 1 } | null {
+  const r = rankBetween(a, b, standby);
+  return r === 0 ? null : { key: ORDER_KEYS[Math.abs(r) - 1]!, difference: r < 0 ? -1 : 1 };
+}
+
+/**
+ * The comparison itself, without allocating (it runs inside sorts): negative when `a` comes
+ * first, positive when `b` does, 0 for the same route; its magnitude is 1 + the index in
+ * ORDER_KEYS of the key that decided.
+ */
+function rankBetween(a: PlanRoute, b: PlanRoute, standby: ReadonlySet<string>): number {
+  if (standby.size > 0) {
+    const d = Number(standby.has(a.serviceId)) - Number(standby.has(b.serviceId));
+    if (d !== 0) return d;
+  }
+  let d = a.priority - b.priority;
+  if (d !== 0) return d < 0 ? -2 : 2;
+  d = prefixLength(b.destCidr) - prefixLength(a.destCidr);
+  if (d !== 0) return d < 0 ? -3 : 3;
+  d = prefixLength(b.sourceCidr) - prefixLength(a.sourceCidr);
+  if (d !== 0) return d < 0 ? -4 : 4;
+  d = a.id - b.id;
+  return d === 0 ? 0 : d < 0 ? -5 : 5;
+}
+
+/** A route CIDR's prefix length; -1 for none (any address), which ranks after /0. */
+export function prefixLength(cidr: string | null): number {
   return cidr === null ? -1 : Number(cidr.slice(cidr.indexOf('/') + 1));
 }
 
@@ -283,9 +318,7 @@ export function plan(input: PlanInput): Plan {
   const slotOfService = new Map(
     carried.filter((c) => c.role === 'ingress').map((c) => [c.serviceId, c.slot]),
   );
-  const selecting = input.routes
-    .filter((r) => slotOfService.has(r.serviceId))
-    .sort(routeOrder(input.standby));
+  const selecting = ingressRoutes(carried, input.routes).sort(routeOrder(input.standby));
   const nextPref: Record<Family, number> = { 4: RULE_PREF.ROUTES_FIRST, 6: RULE_PREF.ROUTES_FIRST };
   for (const route of selecting) {
     const only = familyOf(route);
@@ -394,6 +427,16 @@ export function plan(input: PlanInput): Plan {
     carried,
     problems,
   };
+}
+
+/**
+ * The routes that select traffic at this agent: those of the services it carries as their
+ * ingress (inactive services are not carried). The policy rules are made from these, the TPROXY
+ * interception names connections by them, and explain ranks them.
+ */
+export function ingressRoutes(carried: readonly CarriedService[], routes: readonly PlanRoute[]): PlanRoute[] {
+  const ingress = new Set(carried.filter((c) => c.role === 'ingress').map((c) => c.serviceId));
+  return routes.filter((r) => ingress.has(r.serviceId));
 }
 
 /**
@@ -519,13 +562,19 @@ export function serviceOfConnection(
  * a lookup parses each address once and compares numbers, making no strings.
  */
 export class RouteMatcher {
-  private readonly routes: readonly { serviceId: string; source: CompiledCidr; dest: CompiledCidr }[];
+  private readonly routes: readonly {
+    route: PlanRoute;
+    serviceId: string;
+    source: CompiledCidr;
+    dest: CompiledCidr;
+  }[];
   /** Whether any route has a source CIDR: if none, the source address need not be parsed. */
   private readonly anySource: boolean;
 
   /** @param standby services standing aside: their routes are asked last (routeOrder). */
   constructor(routes: readonly PlanRoute[], standby?: ReadonlySet<string>) {
     this.routes = [...routes].sort(routeOrder(standby)).map((r) => ({
+      route: r,
       serviceId: r.serviceId,
       source: compileCidr(r.sourceCidr),
       dest: compileCidr(r.destCidr),
@@ -541,6 +590,16 @@ export class RouteMatcher {
   /** The same for addresses already parsed with parseAddress (undefined: not an address). */
   serviceOfParsed(src: Uint8Array | undefined, dst: Uint8Array | undefined): string | null {
     return this.lookup(wordsOf(src), wordsOf(dst));
+  }
+
+  /**
+   * Every route whose CIDRs hold both addresses, in selection order: the first is the one
+   * serviceOf names (explain shows the rest as the routes it beat). Undefined: not an address.
+   */
+  selecting(src: Uint8Array | undefined, dst: Uint8Array | undefined): PlanRoute[] {
+    const s = wordsOf(src);
+    const d = wordsOf(dst);
+    return this.routes.filter((r) => holds(r.source, s) && holds(r.dest, d)).map((r) => r.route);
   }
 
   private lookup(src: Int32Array | undefined, dst: Int32Array | undefined): string | null {
