@@ -16,6 +16,8 @@ import {
   interfaceCidr,
   type RouteShape,
   routeCidr,
+  type ServiceCreateFields,
+  serviceShapeOf,
 } from '../domain/service-rules.js';
 import type { RouteRecord, ServiceRecord, TransportType } from '../store/records.js';
 import type { ServiceFilter, Store } from '../store/store.js';
@@ -23,14 +25,7 @@ import type { Admission, ServiceClaim } from './allocator.js';
 import type { Replica } from './replica.js';
 import { DELETED_RANK, keyOf, LIVE_RANK, parseVkey } from './replicated-records.js';
 
-export interface ServiceCreate {
-  target_peer_id: string;
-  source_peer_id?: string;
-  transport_type?: string;
-  requires_interface?: boolean;
-  desired_ipv4_cidr?: string | null;
-  desired_ipv6_cidr?: string | null;
-  fully_transparent?: boolean;
+export interface ServiceCreate extends ServiceCreateFields {
   bandwidth_limit_mbps?: number;
   /** Absent or null: no check. Checked here (domain/health-check.ts), whatever the caller checked. */
   health_check?: unknown;
@@ -80,15 +75,7 @@ export class ServiceConfig {
   async create(input: ServiceCreate): Promise<ServiceRecord> {
     const state = this.store.agentState();
     if (!state) throw notFound('this agent is not bootstrapped');
-    const shape = {
-      sourcePeerId: input.source_peer_id ?? state.localPeerId,
-      targetPeerId: input.target_peer_id,
-      transportType: input.transport_type ?? 'tcp',
-      requiresInterface: input.requires_interface ?? false,
-      desiredIpv4Cidr: input.desired_ipv4_cidr ?? null,
-      desiredIpv6Cidr: input.desired_ipv6_cidr ?? null,
-      fullyTransparent: input.fully_transparent ?? false,
-    };
+    const shape = serviceShapeOf(input, state.localPeerId);
     const cidrs = checkService(shape);
     const healthCheck = healthCheckInput(input.health_check) ?? null;
     const now = isoTime(this.clock.now());

@@ -24,6 +24,7 @@ import { parsePeerAddress } from '../domain/peer-address.js';
 import { type TunnelMessage, type TunnelState, type TunnelTransport, wholeOf } from '../transports/tunnel.js';
 import { diff } from './diff.js';
 import { type ExitDestinations, ExitReach, type ExitReachVerdict } from './exit-reach.js';
+import type { IngressRuntime } from './explain.js';
 import { HealthTracker, type HealthVerdict } from './health.js';
 import { AGENT_MARK, transparentSocketMark } from './kernel/ownership.js';
 import type { KernelChange, KernelPort, Tun } from './kernel/port.js';
@@ -33,6 +34,7 @@ import {
   type CarriedService,
   carriedServices,
   cidrHolds,
+  ingressRoutes,
   isSpecialDestination,
   type Plan,
   type PlanRoute,
@@ -278,6 +280,8 @@ export class DataPlane {
   private readonly dropsByService = new Map<string, Map<DropReason, number>>();
   private lastPlan: Plan | null = null;
   private lastPlanUnreachable: ReadonlySet<string> = new Set();
+  /** The peer addresses the last plan excluded from selection (names resolved). */
+  private lastPeerIps: readonly string[] = [];
   /** Names intercepted connections: the routes the kernel now selects by (set after each apply). */
   private ingressMatcher = new RouteMatcher([]);
   /** routesAllow's matchers, per service, for the view they were compiled from (rebuilt when it changes). */
@@ -878,11 +882,13 @@ export class DataPlane {
         .filter((c) => this.tunnelOf(c)?.state !== 'up')
         .map((c) => c.serviceId),
     );
+    const peerIps = await this.peerIps(view.peers);
+    this.lastPeerIps = peerIps;
     const next = plan({
       localPeerId: view.localPeerId,
       services: view.services,
       routes: view.routes,
-      peerIps: await this.peerIps(view.peers),
+      peerIps,
       apiPort: this.options.apiPort,
       slots,
       uplink,
@@ -982,11 +988,7 @@ export class DataPlane {
     this.lastPlanUnreachable = unreachable;
     // What the kernel now selects: intercepted connections are named by these, not by a newer
     // view that the kernel does not follow yet.
-    const ingressIds = new Set(next.carried.filter((c) => c.role === 'ingress').map((c) => c.serviceId));
-    this.ingressMatcher = new RouteMatcher(
-      view.routes.filter((r) => ingressIds.has(r.serviceId)),
-      this.standby,
-    );
+    this.ingressMatcher = new RouteMatcher(ingressRoutes(next.carried, view.routes), this.standby);
     // The streams of a service that stepped aside, whose traffic another route now takes, are
     // reset (their clients reconnect through it). Those no other route takes stay: they would
     // only lose what an outage may yet spare.
@@ -1449,6 +1451,29 @@ export class DataPlane {
     return [...this.carried.values()]
       .filter((c) => c.service.role === 'ingress')
       .map((c) => [c.service.serviceId, this.health.verdict(c.service.serviceId, now)]);
+  }
+
+  /** What explain needs of this agent's ingress state now (explain.ts), times as wall-clock ms. */
+  ingressRuntime(): IngressRuntime {
+    const now = performance.now();
+    const health = new Map<string, HealthVerdict>();
+    const tunnels = new Map<string, { state: string; rttMs: number | null }>();
+    const tuns = new Map<string, string>();
+    for (const c of this.carried.values()) {
+      const id = c.service.serviceId;
+      const tunnel = this.tunnelOf(c.service);
+      tuns.set(id, c.service.tun);
+      tunnels.set(id, { state: tunnel?.state ?? 'down', rttMs: tunnel?.stats().lastRttMs ?? null });
+      if (c.service.role === 'ingress') health.set(id, wallClock(this.health.verdict(id, now)));
+    }
+    return {
+      standby: new Set(this.standby),
+      health,
+      tunnels,
+      tuns,
+      streams: this.streams?.port != null,
+      peerIps: this.lastPeerIps,
+    };
   }
 
   /** Health changes since start, by the state or reason a service went to. */

@@ -15,6 +15,30 @@ export interface ServiceShape {
   fullyTransparent: boolean;
 }
 
+/** The fields of a service's create body that its shape is made of (API document, Services). */
+export interface ServiceCreateFields {
+  target_peer_id: string;
+  source_peer_id?: string;
+  transport_type?: string;
+  requires_interface?: boolean;
+  desired_ipv4_cidr?: string | null;
+  desired_ipv6_cidr?: string | null;
+  fully_transparent?: boolean;
+}
+
+/** A create body's service with the document's defaults filled in (the source: this agent). */
+export function serviceShapeOf(input: ServiceCreateFields, localPeerId: string): ServiceShape {
+  return {
+    sourcePeerId: input.source_peer_id ?? localPeerId,
+    targetPeerId: input.target_peer_id,
+    transportType: input.transport_type ?? 'tcp',
+    requiresInterface: input.requires_interface ?? false,
+    desiredIpv4Cidr: input.desired_ipv4_cidr ?? null,
+    desiredIpv6Cidr: input.desired_ipv6_cidr ?? null,
+    fullyTransparent: input.fully_transparent ?? false,
+  };
+}
+
 /**
  * A service is active while both of its peers are (docs/decisions.md §5): `is_active` in the
  * API, and whether the data plane carries it.
