@@ -19,6 +19,13 @@ import { join, resolve } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import pino, { type Logger } from 'pino';
 import { buildApp, type HealthReport } from './api/app.js';
+import {
+  answerPeer,
+  type ExplainRequest,
+  LocalExplainer,
+  peerAnswer,
+  requestBody,
+} from './api/explain-local.js';
 import { registerLicenseMetrics } from './api/license-status.js';
 import { ApiMetrics } from './api/metrics.js';
 import { AccessTokens } from './auth/access-tokens.js';
@@ -48,6 +55,7 @@ import { registerDataPlaneMetrics } from './dataplane/dataplane-metrics.js';
 import { LinuxKernel } from './dataplane/kernel/linux.js';
 import { missingRequirements } from './dataplane/requirements.js';
 import { type Clock, OffsetClock, systemClock } from './domain/clock.js';
+import { ApiError } from './domain/errors.js';
 import { healthProbe } from './domain/health-check.js';
 import type { RecordObserved } from './domain/observed-event.js';
 import { isServiceActive } from './domain/service-rules.js';
@@ -196,6 +204,17 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     const clusterCredential = new ClusterCredential(store, clock, replica);
     const metrics = new ApiMetrics();
     const scheme = config.tls ? 'https' : 'http';
+    // Built once the API listens (below): until then it is absent, as on a host without one.
+    let data: DataPlaneParts | null = null;
+    // Explain at this agent (and for a peer that asks over gossip): the store's view, ranked,
+    // with the data plane's state where one runs (`data` is set once the API listens).
+    const explainer = new LocalExplainer({
+      view: () => dataPlaneView(store, identity),
+      generation: () => store.generation,
+      peers: () => store.peers(),
+      runtime: () => data?.dataplane?.ingressRuntime() ?? null,
+    });
+    const explainLocal = async (request: ExplainRequest) => explainer.explain(request);
     const gossip = new Gossip({
       store,
       identity,
@@ -211,13 +230,12 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
         ...DEFAULT_GOSSIP_CONFIG,
         intervalMs: config.gossipIntervalMs ?? DEFAULT_GOSSIP_CONFIG.intervalMs,
       },
+      explain: (request) => answerPeer((r) => explainLocal(r), request),
     });
     const engine = gossip;
     // Registered now, started last but one: once the API listens, a sync or a join may open its
     // peer connections before its rounds start. Stopping it before start() is safe.
     started.add('gossip', () => engine.stop());
-    // Built once the API listens (below): until then it is absent, as on a host without one.
-    let data: DataPlaneParts | null = null;
     registerLicenseMetrics(metrics.registry, store, clock);
     const tokens = await AccessTokens.create(tokenKey, config.publicUrl, audienceFor(identity.peerId), clock);
     const health = (): HealthReport => {
@@ -271,6 +289,16 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
         await data?.dataplane?.settle();
       },
       dataplaneStatus: (id) => data?.dataplane?.status(id),
+      explain: (request) => explainLocal(request),
+      explainAt: async (peerId, request) => {
+        let reply: unknown;
+        try {
+          reply = await engine.explainAt(peerId, requestBody(request));
+        } catch (err) {
+          throw new ApiError('UNAVAILABLE', `peer ${peerId} did not answer: ${(err as Error).message}`);
+        }
+        return peerAnswer(peerId, reply);
+      },
       liveness: (peerId) => engine.liveness(peerId),
       gossip: (envelope) => engine.handle(envelope),
       gossipUnreadable: () => engine.countUnreadable(),
@@ -405,6 +433,32 @@ function registerDataPlaneMetricsOf(registry: ApiMetrics['registry'], data: Data
 /** The `aud` of this agent's tokens: bound to its peer id, so no other agent accepts them. */
 export const audienceFor = (peerId: string): string => `urn:mesh-agent:peer:${peerId}`;
 
+/** The store as the data plane (and explain) sees it: services, their routes, the peers. */
+function dataPlaneView(store: Store, identity: Identity): DataPlaneView {
+  const state = store.agentState();
+  const peers = store.peers();
+  const active = new Set(peers.filter((p) => p.isActive).map((p) => p.id));
+  const services = store.services();
+  return {
+    localPeerId: state?.localPeerId ?? identity.peerId,
+    peers: peers.map((p) => ({ id: p.id, address: p.address })),
+    services: services.map((s) => ({
+      id: s.id,
+      sourcePeerId: s.sourcePeerId,
+      targetPeerId: s.targetPeerId,
+      isActive: isServiceActive(s, active),
+      requiresInterface: s.requiresInterface,
+      desiredIpv4Cidr: s.desiredIpv4Cidr,
+      desiredIpv6Cidr: s.desiredIpv6Cidr,
+      bandwidthLimitMbps: s.bandwidthLimitMbps,
+      healthCheck: s.healthCheck && healthProbe(s.healthCheck),
+      fullyTransparent: s.fullyTransparent,
+      transportType: s.transportType,
+    })),
+    routes: services.flatMap((s) => store.routesOf(s.id)),
+  };
+}
+
 /** The data plane's parts, or why it cannot run (`--dataplane on` on a host that lacks something). */
 interface DataPlaneParts {
   dataplane: DataPlane | null;
@@ -511,30 +565,7 @@ async function buildDataPlane(
     await kcp?.close();
     throw err;
   }
-  const view = (): DataPlaneView => {
-    const state = store.agentState();
-    const peers = store.peers();
-    const active = new Set(peers.filter((p) => p.isActive).map((p) => p.id));
-    const services = store.services();
-    return {
-      localPeerId: state?.localPeerId ?? identity.peerId,
-      peers: peers.map((p) => ({ id: p.id, address: p.address })),
-      services: services.map((s) => ({
-        id: s.id,
-        sourcePeerId: s.sourcePeerId,
-        targetPeerId: s.targetPeerId,
-        isActive: isServiceActive(s, active),
-        requiresInterface: s.requiresInterface,
-        desiredIpv4Cidr: s.desiredIpv4Cidr,
-        desiredIpv6Cidr: s.desiredIpv6Cidr,
-        bandwidthLimitMbps: s.bandwidthLimitMbps,
-        healthCheck: s.healthCheck && healthProbe(s.healthCheck),
-        fullyTransparent: s.fullyTransparent,
-        transportType: s.transportType,
-      })),
-      routes: services.flatMap((s) => store.routesOf(s.id)),
-    };
-  };
+  const view = () => dataPlaneView(store, identity);
   let started = false;
   store.onWrite(() => {
     if (!started) return;

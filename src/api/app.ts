@@ -29,12 +29,14 @@ import type { EventLog } from '../events/event-log.js';
 import type { Store } from '../store/store.js';
 import { makeAuthorizeHook } from './authorize.js';
 import { replyToClientError, replyWithError } from './error-reply.js';
+import type { ExplainRequest } from './explain-local.js';
 import { limitRefusedEvent } from './limit-refusals.js';
 import type { ApiMetrics } from './metrics.js';
 import { guardFor, openApiSecurity } from './route-scopes.js';
 import { registerBootstrapRoutes } from './routes/bootstrap.js';
 import { registerClusterRoutes } from './routes/cluster.js';
 import { registerCredentialRoutes } from './routes/credentials.js';
+import { registerExplainRoutes } from './routes/explain.js';
 import { registerGossipRoutes } from './routes/gossip.js';
 import { registerHandshakeRoutes } from './routes/handshake.js';
 import { registerHealthRoutes } from './routes/health.js';
@@ -67,6 +69,10 @@ export interface AppDeps {
   sync: () => Promise<void>;
   /** GET /v1/services/{id}'s `dataplane` field: undefined where no data plane runs. */
   dataplaneStatus?: (serviceId: string) => ServiceDataPlaneStatus | undefined;
+  /** GET/POST /v1/explain at this agent (explain-local.ts). */
+  explain: (request: ExplainRequest) => Promise<unknown>;
+  /** The same asked of another agent over the gossip channel; rejects with the ApiError to answer. */
+  explainAt: (peerId: string, request: ExplainRequest) => Promise<unknown>;
   /** A peer's liveness as this agent observes it (gossip failure detection). */
   liveness: (peerId: string) => PeerLivenessView;
   /** Answers POST /internal/v1/gossip (cluster/gossip.ts). */
@@ -265,6 +271,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   registerCredentialRoutes(app, deps);
   registerPeerRoutes(app, deps);
   registerServiceRoutes(app, deps);
+  registerExplainRoutes(app, deps);
   registerHandshakeRoutes(app, deps);
   registerGossipRoutes(app, deps);
   registerTestHookRoutes(app, deps);

@@ -56,6 +56,9 @@ export const ROUTE_SCOPES: Readonly<Record<string, RouteGuard>> = {
   'POST /v1/services/:service_id/routes': 'services.write',
   'PUT /v1/services/:service_id/routes/:route_id': 'services.write',
   'DELETE /v1/services/:service_id/routes/:route_id': 'services.write',
+  // Extensions (docs/decisions.md §7): explain reads only, a proposed change included.
+  'GET /v1/explain': 'services.read',
+  'POST /v1/explain': 'services.read',
 };
 
 export const routeKey = (method: string, url: string): string =>

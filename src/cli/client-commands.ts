@@ -1,6 +1,6 @@
 /**
  * The client commands of the `mesh-agent` binary: `login`, `bootstrap`, `peers`, `services`,
- * `routes`, `credentials`, `cluster` and `status`, each mapped onto the management API
+ * `routes`, `credentials`, `cluster`, `status` and `explain`, each mapped onto the management API
  * (docs/api.md, docs/decisions.md §7). Tables by default, `--json` for the API's
  * own JSON. Loaded by main.ts only when one of these commands is run. Reference: docs/cli.md.
  *
@@ -779,6 +779,87 @@ async function status(args: string[], s0: { io: Io; env: NodeJS.ProcessEnv }): P
   s.print(all, () => renderStatus(all));
 }
 
+/**
+ * `explain SOURCE DESTINATION`: GET /v1/explain, or POST with `--with` (a proposed change as JSON
+ * text or a file holding it). Prints the ranking as a table and the verdict in one line.
+ */
+async function explainCmd(args: string[], s0: { io: Io; env: NodeJS.ProcessEnv }): Promise<void> {
+  const p = parse(
+    args,
+    {
+      port: { type: 'string' },
+      protocol: { type: 'string' },
+      peer: { type: 'string' },
+      with: { type: 'string' },
+    },
+    [2, 2],
+    'explain SOURCE DESTINATION',
+  );
+  const [source, destination] = p.positionals as [string, string];
+  const body: Obj = { source, destination };
+  const protocol = str(p, 'protocol');
+  if (protocol !== undefined) {
+    if (protocol !== 'tcp' && protocol !== 'udp' && protocol !== 'icmp')
+      throw new UsageError('--protocol must be tcp, udp or icmp');
+    body.protocol = protocol;
+  }
+  if (str(p, 'port') !== undefined) body.port = integer(str(p, 'port')!, '--port', 1, 65535);
+  if (str(p, 'peer') !== undefined) body.peer = str(p, 'peer');
+  const proposal = str(p, 'with');
+  if (proposal !== undefined) {
+    const text = proposal.trimStart().startsWith('{') ? proposal : readWithFile(proposal);
+    try {
+      body.with = JSON.parse(text);
+    } catch (err) {
+      throw new UsageError(`--with: not JSON: ${(err as Error).message}`);
+    }
+  }
+  const s = new Session(s0.io, s0.env, p);
+  const res =
+    proposal === undefined
+      ? await s.call<Obj>('GET', `/v1/explain?${new URLSearchParams(body as Record<string, string>)}`)
+      : await s.call<Obj>('POST', '/v1/explain', body);
+  s.print(res, () => renderExplanation(res));
+}
+
+function readWithFile(path: string): string {
+  try {
+    return readFileSync(path, 'utf8');
+  } catch (err) {
+    throw new UsageError(`--with ${path}: ${(err as Error).message}`);
+  }
+}
+
+/** An explanation (GET /v1/explain) as a table of the ranking and the verdict line. Pure. */
+export function renderExplanation(e: Obj): string {
+  const ranking = Array.isArray(e.ranking) ? (e.ranking as Obj[]) : [];
+  const lines: string[] = [];
+  if (ranking.length > 0) {
+    lines.push(
+      renderTable(
+        ['RANK', 'ROUTE', 'SERVICE', 'PRIORITY', 'SOURCE', 'DEST', 'OUTCOME', 'WHY'],
+        ranking.map((r) => [
+          r.rank,
+          r.proposed ? '(proposed)' : r.route_id,
+          r.service_id,
+          r.priority,
+          r.source_cidr,
+          r.dest_cidr,
+          r.standby_reason && r.outcome !== 'wins'
+            ? `${cell(r.outcome)} (${cell(r.standby_reason)})`
+            : r.outcome,
+          r.reason,
+        ]),
+      ),
+      '',
+    );
+  } else {
+    lines.push('(no route selects it)', '');
+  }
+  lines.push(cell(e.verdict));
+  return lines.join('\n');
+}
+
 export interface StatusData {
   identity: Obj;
   license: Obj | null;
@@ -870,6 +951,9 @@ export async function runClientCommand(
         break;
       case 'status':
         await status(rest, s0);
+        break;
+      case 'explain':
+        await explainCmd(rest, s0);
         break;
       default:
         throw new UsageError(`unknown command: ${command}`);

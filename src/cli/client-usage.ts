@@ -13,6 +13,7 @@ export const CLIENT_COMMAND_NAMES: ReadonlySet<string> = new Set([
   'credentials',
   'cluster',
   'status',
+  'explain',
 ]);
 
 export const CLIENT_USAGE = `client commands (talk to an agent's management API):
@@ -35,6 +36,8 @@ export const CLIENT_USAGE = `client commands (talk to an agent's management API)
   mesh-agent credentials ls | create [--scope NAME]... | revoke CLIENT_ID
   mesh-agent cluster identity | init [--force] | sync | credentials | rotate [--show-secret] | license
   mesh-agent status
+  mesh-agent explain SOURCE DESTINATION [--protocol tcp|udp|icmp] [--port N] [--peer PEER]
+                   [--with JSON|FILE]
 Every client command takes --json (the API's JSON), --profile NAME and --url URL.
 Credentials: the profile ($XDG_CONFIG_HOME/mesh-agent/NAME.json, default profile "default"), each field
 overridden by MESH_URL, MESH_CLIENT_ID, MESH_CLIENT_SECRET unless --profile is given; MESH_PROFILE

@@ -2,7 +2,7 @@
 /**
  * The `mesh-agent` command: `serve`, `license keygen`, `license sign`, `version`, and the
  * client commands of client-commands.ts (login, bootstrap, peers, services, routes,
- * credentials, cluster, status), which have exit codes of their own (docs/cli.md).
+ * credentials, cluster, status, explain), which have exit codes of their own (docs/cli.md).
  * Exit codes here: 0 success, 1 runtime failure, 2 usage error.
  */
 import { existsSync, mkdirSync, readFileSync } from 'node:fs';

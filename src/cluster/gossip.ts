@@ -74,6 +74,11 @@ export interface GossipDeps {
    * is first heard from after start; the event log keeps only real changes (events/runtime-events.ts).
    */
   observed?: RecordObserved;
+  /**
+   * Answers another agent's `explain` request (GET /v1/explain?peer=, src/api/explain-local.ts):
+   * the body of the reply. Absent: such a request is refused as malformed, as by an older build.
+   */
+  explain?: (request: unknown) => Promise<unknown>;
 }
 
 /** A reply to the HTTP layer: status and body. 200 bodies are sealed envelopes. */
@@ -550,6 +555,21 @@ export class Gossip {
     return reply.answer;
   }
 
+  // --- asking -------------------------------------------------------------------------------------
+
+  /**
+   * Asks an active peer to explain a packet at its ingress (GET /v1/explain?peer=): a request
+   * over the authenticated gossip channel (signed, MACed, bound to the peer, single use), so no
+   * endpoint of its own is needed. Returns the body of the peer's reply; throws when the peer is
+   * not an active member, cannot be reached, or refuses (an older build that knows no `explain`).
+   */
+  async explainAt(peerId: string, request: unknown): Promise<unknown> {
+    const peer = this.deps.store.peer(peerId);
+    if (!peer?.isActive || peerId === this.deps.identity.peerId)
+      throw new Error(`peer ${peerId} is not an active remote peer`);
+    return this.request(peer, 'explain', request, this.slowTimeout());
+  }
+
   // --- sending -----------------------------------------------------------------------------------
 
   private slowTimeout(): number {
@@ -729,6 +749,13 @@ export class Gossip {
             : { granted: false, code: 'UNAVAILABLE', error: 'malformed admission request' },
           stamp: this.deps.replica.hlc.tick(),
         };
+        break;
+      case 'explain':
+        if (!this.deps.explain) {
+          this.deps.metrics.rejected.labels('malformed').inc();
+          return refusal('malformed');
+        }
+        answer = await this.deps.explain(p.body);
         break;
       case 'rejoin':
         answer = { records: [this.deps.replica.record('cluster'), this.deps.replica.record('credential')] };
