@@ -28,6 +28,7 @@ import {
 } from './api/explain-local.js';
 import { registerLicenseMetrics } from './api/license-status.js';
 import { ApiMetrics } from './api/metrics.js';
+import { dataplaneReportView, noDataPlane } from './api/routes/dataplane.js';
 import { AccessTokens } from './auth/access-tokens.js';
 import { Credentials } from './auth/credentials.js';
 import { AuthFailureReporter } from './auth/failure-report.js';
@@ -289,6 +290,14 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
         await data?.dataplane?.settle();
       },
       dataplaneStatus: (id) => data?.dataplane?.status(id),
+      dataplaneReport: async () => {
+        if (!data)
+          return noDataPlane(
+            'this agent runs no data plane (--dataplane off, or auto without CAP_NET_ADMIN)',
+          );
+        if (!data.dataplane) return noDataPlane(`the data plane cannot run: ${data.missing.join('; ')}`);
+        return dataplaneReportView(await data.dataplane.driftReport());
+      },
       explain: (request) => explainLocal(request),
       explainAt: async (peerId, request) => {
         let reply: unknown;

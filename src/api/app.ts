@@ -36,6 +36,7 @@ import { guardFor, openApiSecurity } from './route-scopes.js';
 import { registerBootstrapRoutes } from './routes/bootstrap.js';
 import { registerClusterRoutes } from './routes/cluster.js';
 import { registerCredentialRoutes } from './routes/credentials.js';
+import { registerDataPlaneRoutes } from './routes/dataplane.js';
 import { registerExplainRoutes } from './routes/explain.js';
 import { registerGossipRoutes } from './routes/gossip.js';
 import { registerHandshakeRoutes } from './routes/handshake.js';
@@ -69,6 +70,8 @@ export interface AppDeps {
   sync: () => Promise<void>;
   /** GET /v1/services/{id}'s `dataplane` field: undefined where no data plane runs. */
   dataplaneStatus?: (serviceId: string) => ServiceDataPlaneStatus | undefined;
+  /** GET /v1/dataplane (routes/dataplane.ts): the report, or why this agent runs no data plane. */
+  dataplaneReport: () => Promise<unknown>;
   /** GET/POST /v1/explain at this agent (explain-local.ts). */
   explain: (request: ExplainRequest) => Promise<unknown>;
   /** The same asked of another agent over the gossip channel; rejects with the ApiError to answer. */
@@ -272,6 +275,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   registerPeerRoutes(app, deps);
   registerServiceRoutes(app, deps);
   registerExplainRoutes(app, deps);
+  registerDataPlaneRoutes(app, deps);
   registerHandshakeRoutes(app, deps);
   registerGossipRoutes(app, deps);
   registerTestHookRoutes(app, deps);

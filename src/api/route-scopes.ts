@@ -59,6 +59,7 @@ export const ROUTE_SCOPES: Readonly<Record<string, RouteGuard>> = {
   // Extensions (docs/decisions.md §7): explain reads only, a proposed change included.
   'GET /v1/explain': 'services.read',
   'POST /v1/explain': 'services.read',
+  'GET /v1/dataplane': 'services.read',
 };
 
 export const routeKey = (method: string, url: string): string =>

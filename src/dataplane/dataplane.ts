@@ -27,7 +27,7 @@ import { type ExitDestinations, ExitReach, type ExitReachVerdict } from './exit-
 import type { IngressRuntime } from './explain.js';
 import { HealthTracker, type HealthVerdict } from './health.js';
 import { AGENT_MARK, transparentSocketMark } from './kernel/ownership.js';
-import type { KernelChange, KernelPort, Tun } from './kernel/port.js';
+import type { KernelChange, KernelPort, KernelState, Tun } from './kernel/port.js';
 import { commandsOf, renderChange } from './kernel/render.js';
 import { decodeMessage, encodePacket, uuidBytes } from './packet-frames.js';
 import {
@@ -189,6 +189,50 @@ interface Carried {
   mbps: number;
 }
 
+/** A reconcile that put back kernel state changed behind the agent (dataplane.drift_repaired). */
+export interface DriftRepair {
+  at: number;
+  changes: number;
+  /** The first changes, as the commands that made them. */
+  repaired: string[];
+}
+
+export interface LastReconcile {
+  /** When it started (wall clock, ms). */
+  at: number;
+  durationMs: number;
+  /** Kernel changes it applied (0: the kernel was as wanted). */
+  changes: number;
+  /** The changes repaired drift: the wanted state was the one already applied. */
+  drift: boolean;
+  error: string | null;
+}
+
+/** GET /v1/dataplane (DataPlane.driftReport). */
+export interface DriftReport {
+  /** Counts of what the last plan wants in the kernel; null before the first reconcile. */
+  wanted: KernelCounts | null;
+  /** Counts of what the agent owns in the kernel now. */
+  owned: KernelCounts;
+  /** What the next reconcile would change, as commands (the first DIFFERENCES_SHOWN). */
+  differences: string[];
+  differenceCount: number;
+  lastReconcile: LastReconcile | null;
+  reconciles: number;
+  repairs: number;
+  recentRepairs: DriftRepair[];
+  tunFailures: number;
+  problems: string[];
+}
+
+export interface KernelCounts {
+  links: number;
+  addresses: number;
+  rules: number;
+  routes: number;
+  nft: boolean;
+}
+
 /** Entries the data plane keeps, by structure (DataPlane.footprint). */
 export interface DataPlaneFootprint {
   carried_services: number;
@@ -320,6 +364,13 @@ export class DataPlane {
   private tunFailures = 0;
   /** Reconciles that found the kernel changed behind the agent's back and put it right. */
   private driftRepairs = 0;
+  /** The last RECENT_REPAIRS of them, oldest first (GET /v1/dataplane). */
+  private readonly recentRepairs: DriftRepair[] = [];
+  /** What the reconcile running now changed (set by it, read when it ends). */
+  private reconcileChanges = { changes: 0, drift: false };
+  /** The last reconcile that ran: when, how long, what it changed or why it failed. */
+  private lastReconcile: LastReconcile | null = null;
+  private reconciles = 0;
   /** The desired kernel state of the last reconcile that applied: the same again is drift. */
   private appliedKernel: string | null = null;
   /** Tunnels up now, by `transport|peer`: a tunnel.down is said only of one that was up. */
@@ -852,11 +903,18 @@ export class DataPlane {
       this.again = true;
       return;
     }
+    const at = Date.now();
+    const started = performance.now();
+    this.reconcileChanges = { changes: 0, drift: false };
     this.running = this.reconcile()
+      .then(() => {
+        this.reconciled({ at, started, error: null });
+      })
       .catch((err: unknown) => {
         const message = (err as Error).message;
         if (message !== this.lastError) this.options.logger.error({ err }, 'data plane reconcile failed');
         this.lastError = message;
+        this.reconciled({ at, started, error: message });
       })
       .finally(() => {
         this.running = null;
@@ -983,6 +1041,7 @@ export class DataPlane {
       this.options.logger.info({ changes: changes.length, drift }, 'data plane kernel state reconciled');
     }
     this.appliedKernel = desired;
+    this.reconcileChanges = { changes: changes.length, drift };
     if (drift) this.reportDrift(view.localPeerId, changes);
     this.lastPlan = next;
     this.lastPlanUnreachable = unreachable;
@@ -1260,6 +1319,12 @@ export class DataPlane {
   /** `dataplane.drift_repaired`: one per reconcile that put back what changed behind the agent. */
   private reportDrift(localPeerId: string, changes: readonly KernelChange[]): void {
     this.driftRepairs++;
+    this.recentRepairs.push({
+      at: Date.now(),
+      changes: changes.length,
+      repaired: changes.slice(0, DRIFT_CHANGES_SHOWN).map(describeChange),
+    });
+    if (this.recentRepairs.length > RECENT_REPAIRS) this.recentRepairs.shift();
     this.options.logger.warn({ changes: changes.length }, 'data plane: kernel drift repaired');
     this.options.observed?.({
       type: 'dataplane.drift_repaired',
@@ -1486,6 +1551,50 @@ export class DataPlane {
     return this.tunFailures;
   }
 
+  /**
+   * GET /v1/dataplane: what this agent owns in the kernel now against what it wants (the last
+   * plan), what the next reconcile would change, the last reconcile, and the repairs since start.
+   * Reads the kernel (one observe: a few `ip -j` and `nft list`).
+   */
+  async driftReport(): Promise<DriftReport> {
+    const wanted = this.lastPlan?.kernel ?? null;
+    const owned = await this.options.kernel.observe();
+    // A TUN not set up yet shows as one (mtu 0), as the reconcile sees it.
+    owned.links = owned.links.map((l) => (this.tunsToSetUp.has(l.name) ? { ...l, mtu: 0 } : l));
+    const differences = wanted ? diff(owned, wanted, this.nft) : [];
+    const count = (k: KernelState | null) =>
+      k && {
+        links: k.links.length,
+        addresses: k.addresses.length,
+        rules: k.rules.length,
+        routes: k.routes.length,
+        nft: k.nft !== null,
+      };
+    return {
+      wanted: count(wanted),
+      owned: count(owned)!,
+      differences: differences.slice(0, DIFFERENCES_SHOWN).map(describeChange),
+      differenceCount: differences.length,
+      lastReconcile: this.lastReconcile,
+      reconciles: this.reconciles,
+      repairs: this.driftRepairs,
+      recentRepairs: [...this.recentRepairs],
+      tunFailures: this.tunFailures,
+      problems: this.problems(),
+    };
+  }
+
+  private reconciled(r: { at: number; started: number; error: string | null }): void {
+    this.reconciles++;
+    this.lastReconcile = {
+      at: r.at,
+      durationMs: Math.round((performance.now() - r.started) * 10) / 10,
+      changes: this.reconcileChanges.changes,
+      drift: this.reconcileChanges.drift,
+      error: r.error,
+    };
+  }
+
   /** Reconciles that repaired kernel drift since start. */
   driftRepairCount(): number {
     return this.driftRepairs;
@@ -1676,6 +1785,10 @@ export class DataPlane {
 
 /** How many of a drift repair's changes its event lists (the count says how many there were). */
 const DRIFT_CHANGES_SHOWN = 20;
+/** Repairs GET /v1/dataplane lists (the count covers all of them). */
+const RECENT_REPAIRS = 20;
+/** Differences GET /v1/dataplane spells out (the count covers all of them). */
+const DIFFERENCES_SHOWN = 50;
 
 /** A change as the commands it ran; the nftables table by name only (its ruleset is long). */
 function describeChange(change: KernelChange): string {
