@@ -73,6 +73,9 @@ import { registerKcpMetrics } from './transports/kcp-metrics.js';
 import { KcpTransport } from './transports/kcp-transport.js';
 import { TcpTransport } from './transports/tcp.js';
 import type { PeerDirectory } from './transports/tunnel.js';
+import { WebhookDispatcher } from './webhooks/dispatcher.js';
+import { WebhookMetrics } from './webhooks/webhook-metrics.js';
+import { pendingByWebhook, Webhooks } from './webhooks/webhooks.js';
 
 export interface AgentConfig {
   listenHost: string;
@@ -258,9 +261,21 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       if (data?.dataplane) readyReasons.push(...data.dataplane.problems().map((r) => `data plane: ${r}`));
       return { liveReasons, readyReasons };
     };
+    // Webhooks deliver the log from the store alone; they start last (below) and stop first.
+    const userAgent = `mesh-agent/${AGENT_VERSION}`;
+    const dispatcher = new WebhookDispatcher({
+      table: store.webhookTable,
+      events,
+      clock,
+      logger: logger.child({ component: 'webhooks' }),
+      metrics: new WebhookMetrics(metrics.registry, () => pendingByWebhook(store.webhookTable)),
+      userAgent,
+    });
+    const webhooks = new Webhooks(store, events, dispatcher, clock, userAgent);
     const app = await buildApp({
       store,
       events,
+      webhooks,
       identity,
       tokens,
       tokenEndpoint: new TokenEndpoint(
@@ -362,6 +377,10 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       await parts.start();
     }
     licenseWatch.start();
+    // Last: deliveries start once every part that records events runs, and stop first (their
+    // attempts under way are aborted and sent again after a restart).
+    started.add('webhooks', () => dispatcher.stop());
+    dispatcher.start();
     starting = false;
     if (testClock) logger.warn('test hooks are on: the clock and gossip faults can be changed over the API');
     const address = app.server.address();

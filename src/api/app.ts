@@ -27,6 +27,7 @@ import type { RecordObserved } from '../domain/observed-event.js';
 import { ALL_SCOPES, SCOPE_PREFIX } from '../domain/scopes.js';
 import type { EventLog } from '../events/event-log.js';
 import type { Store } from '../store/store.js';
+import type { Webhooks } from '../webhooks/webhooks.js';
 import { makeAuthorizeHook } from './authorize.js';
 import { replyToClientError, replyWithError } from './error-reply.js';
 import type { ExplainRequest } from './explain-local.js';
@@ -46,6 +47,7 @@ import { registerOperatorRoutes } from './routes/operator.js';
 import { registerPeerRoutes } from './routes/peers.js';
 import { registerServiceRoutes } from './routes/services.js';
 import { registerTestHookRoutes, type TestHooks } from './routes/test-hooks.js';
+import { registerWebhookRoutes } from './routes/webhooks.js';
 import type { PeerLivenessView } from './views.js';
 
 export interface HealthReport {
@@ -59,6 +61,8 @@ export interface AppDeps {
   store: Store;
   /** The agent's event log: GET /v1/events and its stream read it. */
   events: EventLog;
+  /** `/v1/webhooks` (extension): signed deliveries of the event log. */
+  webhooks: Webhooks;
   identity: Identity;
   tokens: AccessTokens;
   tokenEndpoint: TokenEndpoint;
@@ -280,6 +284,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   registerGossipRoutes(app, deps);
   registerTestHookRoutes(app, deps);
   registerOperatorRoutes(app, deps);
+  registerWebhookRoutes(app, deps);
   // The rendered API reference; Swagger UI's assets come from the npm package, not a CDN.
   await app.register(swaggerUi, { routePrefix: '/docs' });
   app.get(

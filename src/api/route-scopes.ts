@@ -60,6 +60,13 @@ export const ROUTE_SCOPES: Readonly<Record<string, RouteGuard>> = {
   'GET /v1/explain': 'services.read',
   'POST /v1/explain': 'services.read',
   'GET /v1/dataplane': 'services.read',
+
+  // Extension (docs/events.md, "Webhooks"): a webhook receives every event, so admin only.
+  'GET /v1/webhooks': 'admin',
+  'POST /v1/webhooks': 'admin',
+  'GET /v1/webhooks/:id': 'admin',
+  'DELETE /v1/webhooks/:id': 'admin',
+  'POST /v1/webhooks/:id/test': 'admin',
 };
 
 export const routeKey = (method: string, url: string): string =>

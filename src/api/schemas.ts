@@ -12,15 +12,18 @@ import {
 } from '../domain/health-check.js';
 import { ALL_SCOPES } from '../domain/scopes.js';
 
-const Timestamp = Type.String({ format: 'date-time', description: 'ISO 8601, UTC, milliseconds, Z suffix' });
+export const Timestamp = Type.String({
+  format: 'date-time',
+  description: 'ISO 8601, UTC, milliseconds, Z suffix',
+});
 // Nullable fields as a type list, not anyOf: fast-json-stringify serializes a type list
 // directly, but resolves anyOf by running a validator on every value (bench/api profile).
-const NullableTimestamp = Type.Unsafe<string | null>({
+export const NullableTimestamp = Type.Unsafe<string | null>({
   type: ['string', 'null'],
   format: 'date-time',
   description: 'ISO 8601, UTC, milliseconds, Z suffix; null when unset',
 });
-const NullableString = Type.Unsafe<string | null>({ type: ['string', 'null'] });
+export const NullableString = Type.Unsafe<string | null>({ type: ['string', 'null'] });
 
 export const ErrorBody = Type.Object({
   error: Type.String({ description: 'human-readable text' }),

@@ -153,4 +153,29 @@ export const MIGRATIONS: readonly string[] = [
   CREATE INDEX events_resource ON events (resource_id, seq);
   CREATE INDEX events_time ON events (time);
   `,
+  // 7: webhooks (src/webhooks/, docs/events.md "Webhooks"), local to this agent like API
+  // credentials. Each row is one endpoint and its own queue: `cursor` is the seq of the event log
+  // up to which it is done (delivered, given up or not matching its filter), so delivery goes on
+  // after a restart from where it stood. `failures` counts failed attempts in a row; the next one
+  // is not made before `next_attempt_at` (ms since the epoch). The secret signs deliveries, so it
+  // is kept as given (an HMAC key cannot be hashed away); it leaves only in the create answer.
+  `
+  CREATE TABLE webhooks (
+    id                TEXT PRIMARY KEY,
+    url               TEXT NOT NULL,
+    types             TEXT NOT NULL CHECK (json_valid(types)),
+    secret            TEXT NOT NULL,
+    created_at        TEXT NOT NULL,
+    cursor            INTEGER NOT NULL CHECK (cursor >= 0),
+    failures          INTEGER NOT NULL DEFAULT 0 CHECK (failures >= 0),
+    next_attempt_at   INTEGER NOT NULL DEFAULT 0,
+    failing_since     TEXT,
+    last_error        TEXT,
+    last_error_at     TEXT,
+    last_delivered_at TEXT,
+    delivered         INTEGER NOT NULL DEFAULT 0,
+    given_up          INTEGER NOT NULL DEFAULT 0,
+    last_given_up_seq INTEGER
+  ) STRICT;
+  `,
 ];

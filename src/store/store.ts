@@ -17,6 +17,7 @@ import type {
   TombstoneRecord,
   TransportType,
 } from './records.js';
+import { WebhookTable } from './webhook-table.js';
 
 interface PeerRow {
   id: string;
@@ -191,11 +192,14 @@ export class Store {
   private readonly commitQueue: (() => void)[] = [];
   /** The event log's table (src/events/event-log.ts); its writes join the transaction under way. */
   readonly eventTable: EventTable;
+  /** The webhook endpoints and their queues (src/webhooks/); local to this agent, never gossiped. */
+  readonly webhookTable: WebhookTable;
 
   constructor(file: string) {
     this.db = openDatabase(file);
     const db = this.db;
     this.eventTable = new EventTable(db);
+    this.webhookTable = new WebhookTable(db);
     // Prepared once: the read paths sit under every authenticated request.
     this.stmts = {
       state: db.prepare('SELECT * FROM agent_state WHERE singleton = 1'),

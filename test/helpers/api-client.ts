@@ -192,7 +192,8 @@ export class ApiClient {
 
   private remember(body: unknown): void {
     if (!body || typeof body !== 'object') return;
-    for (const key of ['client_secret', 'access_token'] as const) {
+    // `secret`: a webhook's signing secret (POST /v1/webhooks).
+    for (const key of ['client_secret', 'access_token', 'secret'] as const) {
       const v = (body as Record<string, unknown>)[key];
       if (typeof v === 'string') this.secretsSeen.add(v);
     }

@@ -34,7 +34,8 @@ const ALLOWED: Record<string, string[]> = {
   transports: ['domain', 'native', 'transports'],
   dataplane: ['domain', 'transports', 'native', 'dataplane'],
   events: ['domain', 'store', 'events'],
-  api: ['domain', 'store', 'auth', 'license', 'cluster', 'dataplane', 'events', 'api'],
+  webhooks: ['domain', 'store', 'events', 'webhooks'],
+  api: ['domain', 'store', 'auth', 'license', 'cluster', 'dataplane', 'events', 'webhooks', 'api'],
   'agent.ts': [
     'domain',
     'store',
@@ -45,6 +46,7 @@ const ALLOWED: Record<string, string[]> = {
     'transports',
     'native',
     'events',
+    'webhooks',
     'api',
   ],
   cli: ['agent.ts', 'domain', 'store', 'license', 'native', 'cli'],
