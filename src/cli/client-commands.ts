@@ -1,14 +1,15 @@
 /**
  * The client commands of the `mesh-agent` binary: `login`, `bootstrap`, `peers`, `services`,
- * `routes`, `credentials`, `cluster`, `status` and `explain`, each mapped onto the management API
- * (docs/api.md, docs/decisions.md §7). Tables by default, `--json` for the API's
+ * `routes`, `credentials`, `cluster`, `webhooks`, `status` and `explain`, each mapped onto the
+ * management API (docs/api.md, docs/decisions.md §7). Tables by default, `--json` for the API's
  * own JSON. Loaded by main.ts only when one of these commands is run. Reference: docs/cli.md.
  *
  * Exit codes: 0 ok, 1 the API answered 4xx, 2 usage error, 3 the agent cannot be reached or
  * answered 5xx, 4 not logged in (no credential, or the token endpoint refused it).
  *
  * Secrets: a client secret is printed only by `bootstrap` and `credentials create` (and by
- * `cluster rotate --show-secret`), each time with a warning on stderr that it is not shown again.
+ * `cluster rotate --show-secret`), and a webhook's signing secret only by `webhooks add`, each time
+ * with a warning on stderr that it is not shown again.
  * Access tokens are never printed.
  */
 import { readFileSync } from 'node:fs';
@@ -25,6 +26,8 @@ export const EXIT = { OK: 0, API: 1, USAGE: 2, UNREACHABLE: 3, NOT_LOGGED_IN: 4 
 
 const SECRET_WARNING =
   'mesh-agent: WARNING: the client_secret above is shown this once and cannot be retrieved again; store it now.';
+const WEBHOOK_SECRET_WARNING =
+  'mesh-agent: WARNING: the webhook secret above is shown this once and cannot be retrieved again; give it to the receiver now.';
 
 type Obj = Record<string, unknown>;
 type OptionSpec = Record<string, { type: 'string' | 'boolean'; multiple?: boolean }>;
@@ -252,10 +255,21 @@ function serviceDetail(s: Obj): string {
 }
 
 /** Prints a freshly created secret, then the warning on stderr. */
-function printSecret(s: Session, body: Obj, keys: string[]): void {
+function printSecret(s: Session, body: Obj, keys: string[], warning = SECRET_WARNING): void {
   s.print(body, () => renderObject(body, keys));
-  s.io.err(SECRET_WARNING);
+  s.io.err(warning);
 }
+
+/** Webhooks with how their deliveries stand (never a secret: the API lists none). */
+const webhookTable = (hooks: Obj[]) =>
+  renderTable(
+    ['ID', 'URL', 'TYPES', 'PENDING', 'DELIVERED', 'GIVEN UP', 'FAILING SINCE', 'LAST ERROR'],
+    hooks.map((w) => {
+      const d = (w.delivery ?? {}) as Obj;
+      const types = Array.isArray(w.types) && w.types.length > 0 ? w.types : '(all)';
+      return [w.id, w.url, types, d.pending, d.delivered, d.given_up, d.failing_since, d.last_error];
+    }),
+  );
 
 // ---- commands ----
 
@@ -708,6 +722,47 @@ async function credentials(args: string[], s0: { io: Io; env: NodeJS.ProcessEnv 
   }
 }
 
+async function webhooks(args: string[], s0: { io: Io; env: NodeJS.ProcessEnv }): Promise<void> {
+  const [sub, ...rest] = args;
+  const io = s0.io;
+  switch (sub) {
+    case 'ls': {
+      const p = parse(rest, {}, [0, 0], 'webhooks ls');
+      const s = new Session(io, s0.env, p);
+      const hooks = await s.call<Obj[]>('GET', '/v1/webhooks');
+      return s.print(hooks, () => webhookTable(hooks));
+    }
+    case 'add': {
+      const p = parse(rest, { type: { type: 'string', multiple: true } }, [1, 1], 'webhooks add URL');
+      const types = list(p, 'type');
+      const s = new Session(io, s0.env, p);
+      const res = await s.call<Obj>('POST', '/v1/webhooks', { url: p.positionals[0], types });
+      return printSecret(s, res, ['id', 'url', 'types', 'secret', 'created_at'], WEBHOOK_SECRET_WARNING);
+    }
+    case 'rm': {
+      const p = parse(rest, {}, [1, 1], 'webhooks rm ID');
+      const s = new Session(io, s0.env, p);
+      const res = await s.call<Obj>('DELETE', `/v1/webhooks/${enc(p.positionals[0]!)}`);
+      return s.print(res, () => `deleted webhook ${p.positionals[0]}`);
+    }
+    case 'test': {
+      const p = parse(rest, {}, [1, 1], 'webhooks test ID');
+      const s = new Session(io, s0.env, p);
+      const res = await s.call<Obj>('POST', `/v1/webhooks/${enc(p.positionals[0]!)}/test`);
+      s.print(res, () =>
+        res.delivered
+          ? `delivered: HTTP ${cell(res.status)} in ${cell(res.duration_ms)} ms`
+          : `not delivered after ${cell(res.duration_ms)} ms: ${cell(res.error)}`,
+      );
+      // Exit 1, so that a script can tell; the line above says why.
+      if (!res.delivered) throw new Error('the test delivery failed');
+      return;
+    }
+    default:
+      throw new UsageError(`webhooks: unknown subcommand ${sub ?? '(none)'}; ls|add|rm|test`);
+  }
+}
+
 async function cluster(args: string[], s0: { io: Io; env: NodeJS.ProcessEnv }): Promise<void> {
   const [sub, ...rest] = args;
   const io = s0.io;
@@ -948,6 +1003,9 @@ export async function runClientCommand(
         break;
       case 'cluster':
         await cluster(rest, s0);
+        break;
+      case 'webhooks':
+        await webhooks(rest, s0);
         break;
       case 'status':
         await status(rest, s0);

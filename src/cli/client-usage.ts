@@ -12,6 +12,7 @@ export const CLIENT_COMMAND_NAMES: ReadonlySet<string> = new Set([
   'routes',
   'credentials',
   'cluster',
+  'webhooks',
   'status',
   'explain',
 ]);
@@ -35,6 +36,7 @@ export const CLIENT_USAGE = `client commands (talk to an agent's management API)
   mesh-agent routes update SERVICE ROUTE [--dest CIDR] [--source CIDR] [--priority N]
   mesh-agent credentials ls | create [--scope NAME]... | revoke CLIENT_ID
   mesh-agent cluster identity | init [--force] | sync | credentials | rotate [--show-secret] | license
+  mesh-agent webhooks ls | add URL [--type PREFIX]... | rm ID | test ID
   mesh-agent status
   mesh-agent explain SOURCE DESTINATION [--protocol tcp|udp|icmp] [--port N] [--peer PEER]
                    [--with JSON|FILE]

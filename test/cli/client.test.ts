@@ -3,8 +3,8 @@
  * real agents over real HTTP. Every command in table and --json form, the exit code of each
  * class (usage 2, API 4xx 1, unreachable and 5xx 3, not logged in 4), the API's code and text
  * on stderr, the profile's file modes, the token cache (reused, refreshed before expiry, fetched
- * again after a 401), and that no secret or token appears in any output but the one that
- * created it.
+ * again after a 401), and that no secret or token (webhook secrets included) appears in any
+ * output but the one that created it.
  */
 import assert from 'node:assert/strict';
 import { existsSync, mkdtempSync, readFileSync, statSync, writeFileSync } from 'node:fs';
@@ -18,6 +18,7 @@ import { type CliResult, runCli } from '../helpers/cli.js';
 import { makeVendor, type Vendor } from '../helpers/licenses.js';
 import { bootstrapNode, type Node } from '../helpers/nodes.js';
 import { freePort } from '../helpers/ports.js';
+import { WebhookReceiver } from '../helpers/webhook-receiver.js';
 
 type Obj = Record<string, unknown>;
 
@@ -85,6 +86,7 @@ describe('mesh-agent client commands', { timeout: 180_000 }, () => {
       'routes add',
       'credentials',
       'cluster',
+      'webhooks ls',
       'status',
     ]) {
       assert.ok(res.stdout.includes(word), word);
@@ -673,6 +675,47 @@ describe('mesh-agent client commands', { timeout: 180_000 }, () => {
       (await json<Obj[]>(['peers', 'ls'])).map((p) => p.id),
       [aPeerId],
     );
+  });
+
+  it('webhooks add (secret once, with a warning)|ls (no secret)|test|rm', async () => {
+    const receiver = await WebhookReceiver.open();
+    try {
+      const res = await runCli(['webhooks', 'add', receiver.url, '--type', 'webhook.'], env);
+      assert.equal(res.code, 0, res.stderr);
+      const id = /^id\s+(\S+)$/m.exec(res.stdout)![1]!;
+      const secret = /^secret\s+(whsec_\S+)$/m.exec(res.stdout)![1]!;
+      receiver.secret = secret;
+      secrets.add(secret);
+      a.client.secretsSeen.add(secret);
+      outputs.push({ args: ['webhooks', 'add'], res, allowed: new Set([secret]) });
+      assert.match(res.stderr, /WARNING: the webhook secret above is shown this once/);
+
+      const listed = await json<Obj[]>(['webhooks', 'ls']);
+      assert.deepEqual(listed.find((w) => w.id === id)?.types, ['webhook.']);
+      assert.ok(listed.every((w) => !('secret' in w)));
+      assert.match(
+        (await ok(['webhooks', 'ls'])).stdout,
+        new RegExp(`^${id}\\s+${receiver.url}\\s+webhook\\.\\s`, 'm'),
+      );
+
+      const tested = await ok(['webhooks', 'test', id]);
+      assert.match(tested.stdout, /^delivered: HTTP 204 in \d+ ms$/m);
+      const last = receiver.received.at(-1)!;
+      assert.equal(last.verifyError, undefined);
+      assert.equal(last.event?.type, 'webhook.test');
+      receiver.mode = { status: 500 };
+      const failed = await cli(['webhooks', 'test', id]);
+      assert.equal(failed.code, 1);
+      assert.match(failed.stdout, /^not delivered after \d+ ms: HTTP 500$/m);
+
+      assert.equal((await cli(['webhooks', 'add', 'ftp://127.0.0.1/x'])).code, 1);
+      assert.equal((await json(['webhooks', 'rm', id])).deleted, true);
+      const again = await cli(['webhooks', 'rm', id]);
+      assert.equal(again.code, 1);
+      assert.match(again.stderr, /error 404 NOT_FOUND/);
+    } finally {
+      await receiver.close();
+    }
   });
 
   it('no secret or token in any output but the one command that created it', () => {
