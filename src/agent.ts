@@ -75,7 +75,7 @@ import { TcpTransport } from './transports/tcp.js';
 import type { PeerDirectory } from './transports/tunnel.js';
 import { WebhookDispatcher } from './webhooks/dispatcher.js';
 import { WebhookMetrics } from './webhooks/webhook-metrics.js';
-import { pendingByWebhook, Webhooks } from './webhooks/webhooks.js';
+import { Webhooks } from './webhooks/webhooks.js';
 
 export interface AgentConfig {
   listenHost: string;
@@ -263,15 +263,15 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     };
     // Webhooks deliver the log from the store alone; they start last (below) and stop first.
     const userAgent = `mesh-agent/${AGENT_VERSION}`;
-    const dispatcher = new WebhookDispatcher({
+    const dispatcher: WebhookDispatcher = new WebhookDispatcher({
       table: store.webhookTable,
       events,
       clock,
       logger: logger.child({ component: 'webhooks' }),
-      metrics: new WebhookMetrics(metrics.registry, () => pendingByWebhook(store.webhookTable)),
+      metrics: new WebhookMetrics(metrics.registry, () => webhooks.pending()),
       userAgent,
     });
-    const webhooks = new Webhooks(store, events, dispatcher, clock, userAgent);
+    const webhooks: Webhooks = new Webhooks(store, events, dispatcher, clock, userAgent);
     const app = await buildApp({
       store,
       events,

@@ -10,7 +10,7 @@ import { type Clock, isoTime } from '../domain/clock.js';
 import { invalidRequest, notFound } from '../domain/errors.js';
 import type { EventActor, EventLog, MeshEvent } from '../events/event-log.js';
 import type { Store } from '../store/store.js';
-import type { WebhookRecord, WebhookTable } from '../store/webhook-table.js';
+import type { WebhookRecord } from '../store/webhook-table.js';
 import { type AttemptOutcome, attemptDelivery } from './delivery.js';
 import type { WebhookDispatcher } from './dispatcher.js';
 
@@ -77,10 +77,6 @@ export function checkWebhookUrl(url: string): string {
   if (parsed.hash !== '') throw invalidRequest('url must not have a fragment');
   return url;
 }
-
-/** Each endpoint's pending events, for the metrics. */
-export const pendingByWebhook = (table: WebhookTable): { id: string; count: number }[] =>
-  table.all().map((w) => ({ id: w.id, count: table.queuedCount(w.cursor, w.types) }));
 
 export class Webhooks {
   constructor(
@@ -163,13 +159,20 @@ export class Webhooks {
     return { delivered: o.delivered, status: o.status, error: o.error, duration_ms: o.ms };
   }
 
+  /** Each endpoint's pending events, for the metrics. */
+  pending(): { id: string; count: number }[] {
+    return this.list().map((w) => ({ id: w.id, count: w.delivery.pending }));
+  }
+
   private record(id: string): WebhookRecord {
     const w = this.store.webhookTable.get(id);
     if (!w) throw notFound(`no webhook with id ${id}`);
     return w;
   }
 
-  private view(w: WebhookRecord): WebhookView {
+  private view(row: WebhookRecord): WebhookView {
+    // The worker's state is newer than the row by up to a second of deliveries.
+    const w = this.dispatcher.progress(row.id) ?? row;
     const failing = w.failingSince !== null;
     return {
       id: w.id,
