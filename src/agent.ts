@@ -63,6 +63,7 @@ import { isServiceActive } from './domain/service-rules.js';
 import { EventLog } from './events/event-log.js';
 import { LicenseWatch } from './events/license-watch.js';
 import { RuntimeEvents } from './events/runtime-events.js';
+import { EventRetention, type RetentionLimits } from './events/retention.js';
 import { generateLicenseKeyPair } from './license/sign.js';
 import { connectNetSocket, openTransparentListener } from './native/sockets.js';
 import { openTun } from './native/tun.js';
@@ -97,6 +98,8 @@ export interface AgentConfig {
   gossipIntervalMs?: number;
   /** How long tombstones stay in gossip digests (default 1 hour). */
   tombstoneHorizonMs?: number;
+  /** --events-max-age-days, --events-max-count (default DEFAULT_RETENTION). */
+  eventRetention?: RetentionLimits;
   /** `--test-hooks`: a movable clock and the gossip fault switch behind admin-only endpoints. */
   testHooks?: boolean;
   /** `--dataplane`: auto (on with CAP_NET_ADMIN), on, off. Default off for embedders. */
@@ -191,6 +194,9 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
   const licenseWatch = new LicenseWatch(() => store.agentState()?.license, events, observed, clock);
   started.add('license watch', () => licenseWatch.stop());
   store.onWrite(() => licenseWatch.poke());
+  const retention = new EventRetention(store, clock, config.eventRetention);
+  retention.start();
+  started.add('event retention', () => retention.stop());
   let stopping = false;
   let starting = true;
   try {
@@ -202,6 +208,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       new HybridClock(identity.peerId, clock),
       clock,
       config.tombstoneHorizonMs,
+      events,
     );
     replica.init();
     const allocator = new Allocator(store, identity.peerId, clock);
@@ -286,7 +293,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
         clock,
         authFailures.report,
       ),
-      credentials: new Credentials(store, hasher, clock),
+      credentials: new Credentials(store, hasher, clock, events),
       clusterCredential,
       services: new ServiceConfig(store, clock, replica, allocator),
       peers: new Peers(
@@ -335,6 +342,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
         clock,
         advertiseAddress: config.advertise,
         replica,
+        events,
       },
       clock,
       publicUrl: config.publicUrl,

@@ -10,6 +10,7 @@ import type { Caller } from '../auth/credentials.js';
 import type { ReportAuthFailure } from '../auth/failure-report.js';
 import { ApiError, forbidden } from '../domain/errors.js';
 import { grants, scope } from '../domain/scopes.js';
+import type { EventActor, EventLog } from '../events/event-log.js';
 import type { Store } from '../store/store.js';
 import { guardFor, isTokenless, type RouteGuard, scopesGranting } from './route-scopes.js';
 
@@ -112,5 +113,9 @@ export function makeAuthorizeHook(
     );
   };
 }
+
+/** Who made a write, for its config event: the token's client and this agent. */
+export const requestActor = (events: EventLog, request: FastifyRequest): EventActor =>
+  events.actorFor(request.caller?.clientId ?? null);
 
 const invalidToken = () => unauthorized('the access token is invalid or expired', true);

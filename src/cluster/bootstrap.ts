@@ -10,6 +10,7 @@ import { ApiError } from '../domain/errors.js';
 import { newClientId, newClientSecret, newClusterClientId, newClusterId } from '../domain/ids.js';
 import type { License } from '../domain/license.js';
 import { ADMIN } from '../domain/scopes.js';
+import type { EventLog } from '../events/event-log.js';
 import { verifyLicense } from '../license/verify.js';
 import type { Store } from '../store/store.js';
 import { hashClusterSecret, keyId } from './cluster-credential.js';
@@ -45,6 +46,8 @@ export interface BootstrapDeps {
   advertiseAddress: string;
   /** Issues the version keys of the first replicated records. */
   replica: Pick<Replica, 'nextVkey'>;
+  /** Takes the `agent.bootstrapped` event, in the bootstrap's transaction. */
+  events: EventLog;
 }
 
 export function bootstrapAgent(deps: BootstrapDeps, input: BootstrapInput): BootstrapResult {
@@ -58,47 +61,67 @@ export function bootstrapAgent(deps: BootstrapDeps, input: BootstrapInput): Boot
   const clusterId = newClusterId();
   const clusterSecretHash = hashClusterSecret(newClientSecret());
   const vkey = (ordinal: number) => deps.replica.nextVkey(undefined, ordinal);
-  store.bootstrap({
-    state: {
-      license: input.license,
-      localPeerId: identity.peerId,
-      clusterId,
-      description: input.description ?? '',
-      bootstrappedAt: now,
-      clusterCreatedBy: identity.peerId,
-      clusterVkey: vkey(0),
-      credentialVkey: vkey(1),
-    },
-    localPeer: {
-      id: identity.peerId,
-      name: input.name ?? '',
-      publicKey: identity.publicKeyBase64,
-      address: deps.advertiseAddress,
-      isActive: true,
-      version: 1,
-      deactivatedAt: null,
-      createdAt: now,
-      updatedAt: now,
-      vkey: vkey(PEER_RANK.active),
-    },
-    firstCredential: {
-      clientId,
-      secretHash: hasher.hash(clientSecret),
-      scopes: [ADMIN],
-      licenseId: input.license.license_id,
-      createdAt: now,
-      lastUsedAt: null,
-    },
-    clusterSecret: {
-      kid: keyId(clusterSecretHash),
-      version: 1,
-      clientId: newClusterClientId(),
-      secretHash: clusterSecretHash,
-      rotatedBy: identity.peerId,
-      rotatedAt: now,
-      validUntil: null,
-      replicated: true,
-    },
+  const bootstrapped = () =>
+    deps.events.record({
+      type: 'agent.bootstrapped',
+      resource: { kind: 'agent', id: identity.peerId },
+      // The first credential's id, never its secret.
+      data: {
+        before: null,
+        after: {
+          peer_id: identity.peerId,
+          name: input.name ?? '',
+          address: deps.advertiseAddress,
+          cluster_id: clusterId,
+          license_id: input.license.license_id,
+          client_id: clientId,
+        },
+      },
+    });
+  store.transaction(() => {
+    store.bootstrap({
+      state: {
+        license: input.license,
+        localPeerId: identity.peerId,
+        clusterId,
+        description: input.description ?? '',
+        bootstrappedAt: now,
+        clusterCreatedBy: identity.peerId,
+        clusterVkey: vkey(0),
+        credentialVkey: vkey(1),
+      },
+      localPeer: {
+        id: identity.peerId,
+        name: input.name ?? '',
+        publicKey: identity.publicKeyBase64,
+        address: deps.advertiseAddress,
+        isActive: true,
+        version: 1,
+        deactivatedAt: null,
+        createdAt: now,
+        updatedAt: now,
+        vkey: vkey(PEER_RANK.active),
+      },
+      firstCredential: {
+        clientId,
+        secretHash: hasher.hash(clientSecret),
+        scopes: [ADMIN],
+        licenseId: input.license.license_id,
+        createdAt: now,
+        lastUsedAt: null,
+      },
+      clusterSecret: {
+        kid: keyId(clusterSecretHash),
+        version: 1,
+        clientId: newClusterClientId(),
+        secretHash: clusterSecretHash,
+        rotatedBy: identity.peerId,
+        rotatedAt: now,
+        validUntil: null,
+        replicated: true,
+      },
+    });
+    bootstrapped();
   });
   return {
     peer_id: identity.peerId,

@@ -14,6 +14,9 @@ import {
 import { encodeStamp } from './hlc.js';
 import { makeVkey } from './replicated-records.js';
 
+/** The actor of the writes these tests make (docs/events.md). */
+const BY = { client_id: null, agent: 'test' };
+
 function setup() {
   const clock = new ManualClock();
   const store = new Store(join(mkdtempSync(join(tmpdir(), 'cc-')), 'db'));
@@ -32,6 +35,7 @@ function setup() {
     store,
     cc: new ClusterCredential(store, clock, {
       nextVkey: () => makeVkey(0, 1, encodeStamp({ wall: clock.now(), counter: 0, origin: 'p1' })),
+      change: (_key, _actor, write) => store.transaction(write),
     }),
   };
 }
@@ -39,7 +43,7 @@ function setup() {
 describe('ClusterCredential', () => {
   it('rotation raises the version by one and makes the new secret work at once', () => {
     const { cc, store } = setup();
-    const r = cc.rotate('p2');
+    const r = cc.rotate('p2', BY);
     assert.equal(r.version, 2);
     assert.equal(r.rotated_by, 'p2');
     assert.equal(cc.accepts('mcc_x', r.client_secret), true);
@@ -54,7 +58,7 @@ describe('ClusterCredential', () => {
 
   it('keeps the previous secret for 24 hours, then refuses it', () => {
     const { cc, clock, store } = setup();
-    cc.rotate('p1');
+    cc.rotate('p1', BY);
     clock.advance(CLUSTER_SECRET_GRACE_MS - 1);
     assert.equal(cc.accepts('mcc_x', 'first'), true);
     clock.advance(1);

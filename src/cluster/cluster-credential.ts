@@ -13,6 +13,7 @@ import { createHash, createHmac, timingSafeEqual } from 'node:crypto';
 import { type Clock, isoTime } from '../domain/clock.js';
 import { ApiError } from '../domain/errors.js';
 import { newClientSecret } from '../domain/ids.js';
+import type { EventActor } from '../events/event-log.js';
 import type { ClusterSecretRecord } from '../store/records.js';
 import type { Store } from '../store/store.js';
 import type { Replica } from './replica.js';
@@ -62,7 +63,7 @@ export class ClusterCredential {
   constructor(
     private readonly store: Store,
     private readonly clock: Clock,
-    private readonly replica: Pick<Replica, 'nextVkey'>,
+    private readonly replica: Pick<Replica, 'nextVkey' | 'change'>,
   ) {}
 
   current(): ClusterCredentialView {
@@ -75,7 +76,8 @@ export class ClusterCredential {
     };
   }
 
-  rotate(rotatedBy: string): RotatedClusterCredential {
+  /** `actor`: who asked, for the config event (docs/events.md). */
+  rotate(rotatedBy: string, actor: EventActor): RotatedClusterCredential {
     const previous = this.currentRecord();
     const nowMs = this.clock.now();
     const secret = newClientSecret();
@@ -91,7 +93,7 @@ export class ClusterCredential {
       replicated: true,
     };
     const state = this.store.agentState();
-    this.store.transaction(() => {
+    this.replica.change('credential', actor, () => {
       this.store.deleteExpiredClusterSecrets(isoTime(nowMs));
       // The record stays bounded: the oldest graced keys beyond the cap leave it.
       const graced = this.store.clusterSecrets().filter((k) => k.replicated && k.kid !== previous.kid);

@@ -10,6 +10,7 @@ import { type Clock, isoTime } from '../domain/clock.js';
 import { ApiError, type ErrorCode, invalidRequest, notFound } from '../domain/errors.js';
 import { newClusterId } from '../domain/ids.js';
 import { parsePeerAddress } from '../domain/peer-address.js';
+import type { EventActor } from '../events/event-log.js';
 import { verifyLicense } from '../license/verify.js';
 import type { AgentState, PeerRecord } from '../store/records.js';
 import type { Store } from '../store/store.js';
@@ -92,17 +93,18 @@ export class Peers {
 
   // --- initiator ---------------------------------------------------------------------------
 
-  add(addressText: string): Promise<PeerRecord> {
+  /** `actor`: who asked (the config event's actor, docs/events.md). */
+  add(addressText: string, actor: EventActor): Promise<PeerRecord> {
     const address = parsePeerAddress(addressText);
     if (!address) {
       throw invalidRequest('address must be host:port with a port from 1 to 65535 (IPv6 hosts in brackets)');
     }
-    const run = this.queue.then(() => this.handshake(address.text));
+    const run = this.queue.then(() => this.handshake(address.text, actor));
     this.queue = run.catch(() => undefined);
     return run;
   }
 
-  private async handshake(address: string): Promise<PeerRecord> {
+  private async handshake(address: string, actor: EventActor): Promise<PeerRecord> {
     const state = this.requireState();
     this.requireActive(state);
     const self = this.store.peer(state.localPeerId);
@@ -187,7 +189,7 @@ export class Peers {
       this.checkNodeLimit(state, responder.active_peer_ids);
       this.checkServiceLimit(state, responder.service_count);
       const record = this.newRemotePeer(responder, address);
-      this.store.insertPeer(record);
+      this.replica.change(keyOf('peer', record.id), actor, () => this.store.insertPeer(record));
       this.mergeClusters(me, myRecords, responder, theirRecords);
       return record;
     });
@@ -299,7 +301,11 @@ export class Peers {
       this.checkNodeLimit(state, initiator.active_peer_ids);
       // Again at the write: a service created here while the handshake ran counts too.
       this.checkServiceLimit(state, initiator.service_count);
-      this.store.insertPeer(this.newRemotePeer(initiator, address));
+      // The initiating agent asked, on behalf of a client this side does not learn.
+      const record = this.newRemotePeer(initiator, address);
+      this.replica.change(keyOf('peer', record.id), { client_id: null, agent: initiator.peer_id }, () =>
+        this.store.insertPeer(record),
+      );
       this.mergeClusters(me, mine, initiator, theirRecords);
       return mine;
     });
@@ -314,7 +320,7 @@ export class Peers {
 
   // --- local changes -----------------------------------------------------------------------
 
-  rename(id: string, name: string | undefined): PeerRecord {
+  rename(id: string, name: string | undefined, actor: EventActor): PeerRecord {
     return this.store.transaction(() => {
       const peer = this.store.peer(id);
       if (!peer) throw notFound(`no peer with id ${id}`);
@@ -326,13 +332,13 @@ export class Peers {
         updatedAt: isoTime(this.clock.now()),
         vkey: this.replica.nextVkey(peer.vkey, peerRank(peer)),
       };
-      this.store.updatePeer(updated);
+      this.replica.change(keyOf('peer', id), actor, () => this.store.updatePeer(updated));
       return updated;
     });
   }
 
   /** Removes a remote peer and every service that involves it. */
-  remove(id: string): void {
+  remove(id: string, actor: EventActor): void {
     const { peer, tombstone } = this.store.transaction(() => {
       const state = this.requireState();
       const peer = this.store.peer(id);
@@ -345,15 +351,17 @@ export class Peers {
       }
       // The tombstone keeps anti-entropy from bringing the peer back (docs/decisions.md §5).
       const tombstone = { key: keyOf('peer', id), vkey: this.replica.nextVkey(peer.vkey, PEER_RANK.removed) };
-      this.replica.deletePeerAndServices(id, tombstone.vkey, this.clock.now());
-      this.store.putTombstone({ ...tombstone, arrivedAt: this.clock.now() });
+      this.replica.change(tombstone.key, actor, () => {
+        this.replica.deletePeerAndServices(id, tombstone.vkey, this.clock.now(), actor);
+        this.store.putTombstone({ ...tombstone, arrivedAt: this.clock.now() });
+      });
       return { peer, tombstone: { ...tombstone, body: null } };
     });
     this.onRemoved(peer, tombstone);
   }
 
   /** DELETE /v1/peers/self: final for this agent; repeated calls answer the same. */
-  leave(): Deactivation {
+  leave(actor: EventActor): Deactivation {
     return this.store.transaction(() => {
       const state = this.requireState();
       const self = this.store.peer(state.localPeerId)!;
@@ -367,14 +375,14 @@ export class Peers {
           updatedAt: now,
           vkey: this.replica.nextVkey(self.vkey, PEER_RANK.inactive),
         };
-        this.store.updatePeer(updated);
+        this.replica.change(keyOf('peer', self.id), actor, () => this.store.updatePeer(updated));
         return deactivation(updated);
       }
       return deactivation(self);
     });
   }
 
-  initCluster(force: boolean): ClusterInit {
+  initCluster(force: boolean, actor: EventActor): ClusterInit {
     return this.store.transaction(() => {
       const state = this.requireState();
       const oldest = this.oldestActivePeer(state);
@@ -388,7 +396,9 @@ export class Peers {
         };
       }
       const clusterId = newClusterId();
-      this.store.setCluster(clusterId, state.localPeerId, this.replica.nextVkey(state.clusterVkey, 0));
+      this.replica.change('cluster', actor, () =>
+        this.store.setCluster(clusterId, state.localPeerId, this.replica.nextVkey(state.clusterVkey, 0)),
+      );
       return {
         cluster_id: clusterId,
         created_by: state.localPeerId,

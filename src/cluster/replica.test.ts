@@ -25,6 +25,9 @@ import {
 } from './replicated-records.js';
 import { ServiceConfig } from './service-config.js';
 
+/** The actor of the writes these tests make (docs/events.md). */
+const BY = { client_id: null, agent: 'test' };
+
 const T0 = Date.UTC(2026, 0, 1);
 const HOUR = 3_600_000;
 
@@ -225,7 +228,7 @@ function removePeer(node: Node, peerId: string): void {
   node.store.transaction(() => {
     const p = node.store.peer(peerId)!;
     const vkey = node.replica.nextVkey(p.vkey, PEER_RANK.removed);
-    node.replica.deletePeerAndServices(peerId, vkey, node.clock.now());
+    node.replica.deletePeerAndServices(peerId, vkey, node.clock.now(), BY);
     node.store.putTombstone({ key: keyOf('peer', peerId), vkey, arrivedAt: node.clock.now() });
   });
 }
@@ -360,41 +363,44 @@ async function play(nodes: Node[], ops: Op[]): Promise<void> {
     switch (op.t) {
       case 'create':
         await local(op.at, (node) =>
-          node.config.create({
-            ...serviceInput(nodes[op.src % n]!, nodes[op.dst % n]!),
-            requires_interface: op.iface,
-            desired_ipv4_cidr: op.iface ? '10.9.0.1/24' : null,
-          }),
+          node.config.create(
+            {
+              ...serviceInput(nodes[op.src % n]!, nodes[op.dst % n]!),
+              requires_interface: op.iface,
+              desired_ipv4_cidr: op.iface ? '10.9.0.1/24' : null,
+            },
+            BY,
+          ),
         );
         break;
       case 'update':
         await local(op.at, (node) => {
           const s = pickService(node, op.pick);
-          if (s) node.config.update(s.id, { bandwidth_limit_mbps: op.bw * 10 });
+          if (s) node.config.update(s.id, { bandwidth_limit_mbps: op.bw * 10 }, BY);
         });
         break;
       case 'delete':
         await local(op.at, (node) => {
           const s = pickService(node, op.pick);
-          if (s) node.config.delete(s.id);
+          if (s) node.config.delete(s.id, BY);
         });
         break;
       case 'addRoute':
         await local(op.at, (node) => {
           const s = pickService(node, op.pick);
-          if (s) node.config.addRoutes(s.id, [{ priority: op.prio, dest_cidr: `10.${op.prio}.0.0/16` }]);
+          if (s) node.config.addRoutes(s.id, [{ priority: op.prio, dest_cidr: `10.${op.prio}.0.0/16` }], BY);
         });
         break;
       case 'updateRoute':
         await local(op.at, (node) => {
           const r = pickRoute(node, op.pick);
-          if (r) node.config.updateRoute(r.serviceId, r.id, { priority: op.prio });
+          if (r) node.config.updateRoute(r.serviceId, r.id, { priority: op.prio }, BY);
         });
         break;
       case 'deleteRoute':
         await local(op.at, (node) => {
           const r = pickRoute(node, op.pick);
-          if (r) node.config.deleteRoute(r.serviceId, r.id);
+          if (r) node.config.deleteRoute(r.serviceId, r.id, BY);
         });
         break;
       case 'rename':
@@ -475,7 +481,7 @@ async function splitScenario(ops: Op[], cuts: number[]): Promise<void> {
       if (op.t === 'create' && op.src % 3 !== op.dst % 3) {
         const [src, dst] = [nodes[op.src % 3]!, nodes[op.dst % 3]!];
         try {
-          history.push(...(await changes(author, () => author.config.create(serviceInput(src, dst)))));
+          history.push(...(await changes(author, () => author.config.create(serviceInput(src, dst), BY))));
         } catch (err) {
           if (!(err instanceof ApiError)) throw err;
         }
@@ -486,9 +492,9 @@ async function splitScenario(ops: Op[], cuts: number[]): Promise<void> {
         history.push(
           ...(await changes(author, () => {
             if (op.t === 'addRoute')
-              author.config.addRoutes(s.id, [{ priority: op.prio, dest_cidr: '::/0' }]);
-            else if (op.t === 'delete') author.config.delete(s.id);
-            else author.config.update(s.id, { bandwidth_limit_mbps: op.bw + 1 });
+              author.config.addRoutes(s.id, [{ priority: op.prio, dest_cidr: '::/0' }], BY);
+            else if (op.t === 'delete') author.config.delete(s.id, BY);
+            else author.config.update(s.id, { bandwidth_limit_mbps: op.bw + 1 }, BY);
           })),
         );
       }
@@ -560,12 +566,12 @@ describe('Replica: merge rules', { timeout: 60_000 }, () => {
     const [a, b, c] = cluster(3) as [Node, Node, Node];
     let created!: ServiceRecord;
     const create = await changes(a, async () => {
-      created = await a.config.create(serviceInput(a, b));
+      created = await a.config.create(serviceInput(a, b), BY);
     });
     a.clock.advance(10);
-    const update = await changes(a, () => a.config.update(created.id, { bandwidth_limit_mbps: 5 }));
+    const update = await changes(a, () => a.config.update(created.id, { bandwidth_limit_mbps: 5 }, BY));
     a.clock.advance(10);
-    const del = await changes(a, () => a.config.delete(created.id));
+    const del = await changes(a, () => a.config.delete(created.id, BY));
     assert.equal(del.length, 1);
     assert.equal(del[0]!.body, null);
     // b: the deletion first, then the create and the update arrive late: nothing comes back.
@@ -585,7 +591,7 @@ describe('Replica: merge rules', { timeout: 60_000 }, () => {
     const [a, b] = cluster(2) as [Node, Node];
     let created!: ServiceRecord;
     const create = await changes(a, async () => {
-      created = await a.config.create({ ...serviceInput(a, b), health_check: { tcp: '[FD00::1]:443' } });
+      created = await a.config.create({ ...serviceInput(a, b), health_check: { tcp: '[FD00::1]:443' } }, BY);
     });
     b.replica.apply(create);
     assert.deepEqual(b.store.service(created.id)?.healthCheck, {
@@ -594,7 +600,7 @@ describe('Replica: merge rules', { timeout: 60_000 }, () => {
       failures: 3,
     });
     const change = await changes(a, () =>
-      a.config.update(created.id, { health_check: { icmp: '10.1.2.3', failures: 5 } }),
+      a.config.update(created.id, { health_check: { icmp: '10.1.2.3', failures: 5 } }, BY),
     );
     assert.equal(b.replica.apply(change).applied.length, 1);
     assert.deepEqual(b.store.service(created.id)?.healthCheck, {
@@ -605,25 +611,25 @@ describe('Replica: merge rules', { timeout: 60_000 }, () => {
     // The same check again changes nothing: no write, nothing to replicate.
     assert.deepEqual(
       await changes(a, () =>
-        a.config.update(created.id, { health_check: { icmp: '10.1.2.3', failures: 5 } }),
+        a.config.update(created.id, { health_check: { icmp: '10.1.2.3', failures: 5 } }, BY),
       ),
       [],
     );
-    const removal = await changes(a, () => a.config.update(created.id, { health_check: null }));
+    const removal = await changes(a, () => a.config.update(created.id, { health_check: null }, BY));
     b.replica.apply(removal);
     assert.equal(b.store.service(created.id)?.healthCheck, null);
     assertConverged([a, b]);
 
     // A record as an agent before the field writes it: no health_check at all.
     a.clock.advance(10);
-    const [later] = await changes(a, () => a.config.update(created.id, { bandwidth_limit_mbps: 3 }));
+    const [later] = await changes(a, () => a.config.update(created.id, { bandwidth_limit_mbps: 3 }, BY));
     const { health_check: _none, ...older } = later!.body!;
     assert.deepEqual(b.replica.apply([{ ...later!, body: older }]).malformed, 0);
     assert.equal(b.store.service(created.id)?.bandwidthLimitMbps, 3);
     assert.equal(b.store.service(created.id)?.healthCheck, null);
     // A malformed one is refused whole.
     a.clock.advance(10);
-    const [next] = await changes(a, () => a.config.update(created.id, { bandwidth_limit_mbps: 4 }));
+    const [next] = await changes(a, () => a.config.update(created.id, { bandwidth_limit_mbps: 4 }, BY));
     const bad = { ...next!, body: { ...next!.body, health_check: { tcp: 'exit.example:443' } } };
     assert.deepEqual(b.replica.apply([bad]), { applied: [], malformed: 1 });
     assert.equal(b.store.service(created.id)?.bandwidthLimitMbps, 3);
@@ -632,12 +638,12 @@ describe('Replica: merge rules', { timeout: 60_000 }, () => {
   it('a deletion beats a concurrent update stamped later', async () => {
     // b's clock runs 20 s ahead: its update carries the later stamp, and still loses.
     const [a, b] = cluster(2, { offsets: [0, 20_000] }) as [Node, Node];
-    const s = await a.config.create(serviceInput(a, b));
+    const s = await a.config.create(serviceInput(a, b), BY);
     b.replica.apply(allRecords(a));
-    const del = await changes(a, () => a.config.delete(s.id));
+    const del = await changes(a, () => a.config.delete(s.id, BY));
     // Setting up the cluster made each clock observe the other's stamps: move b further ahead.
     b.clock.advance(10_000);
-    const upd = await changes(b, () => b.config.update(s.id, { bandwidth_limit_mbps: 9 }));
+    const upd = await changes(b, () => b.config.update(s.id, { bandwidth_limit_mbps: 9 }, BY));
     assert.ok(upd[0]!.vkey.slice(16) > del[0]!.vkey.slice(16), 'the update has the later stamp');
     assert.deepEqual(a.replica.apply(upd).applied, []);
     b.replica.apply(del);
@@ -689,10 +695,10 @@ describe('Replica: merge rules', { timeout: 60_000 }, () => {
 
   it('a route whose service is missing is not stored, and is once the service arrives', async () => {
     const [a, b] = cluster(2) as [Node, Node];
-    const createService = await changes(a, () => a.config.create(serviceInput(a, b)));
+    const createService = await changes(a, () => a.config.create(serviceInput(a, b), BY));
     const s = a.store.services()[0]!;
     const addRoute = await changes(a, () =>
-      a.config.addRoutes(s.id, [{ priority: 1, dest_cidr: '10.0.0.0/8' }]),
+      a.config.addRoutes(s.id, [{ priority: 1, dest_cidr: '10.0.0.0/8' }], BY),
     );
     assert.equal(addRoute.length, 1);
     const routeId = (addRoute[0]!.body as { id: number }).id;
@@ -708,9 +714,9 @@ describe('Replica: merge rules', { timeout: 60_000 }, () => {
   it('in one batch, parents are applied before children whatever their order', async () => {
     const [a, b] = cluster(2) as [Node, Node];
     const batch = [
-      ...(await changes(a, () => a.config.create(serviceInput(a, b)))),
+      ...(await changes(a, () => a.config.create(serviceInput(a, b), BY))),
       ...(await changes(a, () =>
-        a.config.addRoutes(a.store.services()[0]!.id, [{ priority: 1, source_cidr: '192.0.2.0/24' }]),
+        a.config.addRoutes(a.store.services()[0]!.id, [{ priority: 1, source_cidr: '192.0.2.0/24' }], BY),
       )),
     ].reverse();
     assert.equal(b.replica.apply(batch).applied.length, 2);
@@ -721,14 +727,14 @@ describe('Replica: merge rules', { timeout: 60_000 }, () => {
     const [a, b, c] = cluster(3) as [Node, Node, Node];
     // a and b each create a service from a to b, neither knowing of the other's (two allocators
     // in a split); b's is created later.
-    const fromA = await changes(a, () => a.config.create(serviceInput(a, b)));
+    const fromA = await changes(a, () => a.config.create(serviceInput(a, b), BY));
     b.clock.advance(5);
-    const fromB = await changes(b, () => b.config.create(serviceInput(a, b)));
+    const fromB = await changes(b, () => b.config.create(serviceInput(a, b), BY));
     const [idA, idB] = [(fromA[0]!.body as { id: string }).id, (fromB[0]!.body as { id: string }).id];
     const [winner, loser] = [idB, idA];
     // The loser also got a route on its creator before it heard of the other service.
     const loserRoute = await changes(a, () =>
-      a.config.addRoutes(loser, [{ priority: 3, dest_cidr: '10.3.0.0/16' }]),
+      a.config.addRoutes(loser, [{ priority: 3, dest_cidr: '10.3.0.0/16' }], BY),
     );
     a.replica.apply([...fromB, ...loserRoute]);
     b.replica.apply([...fromA, ...loserRoute]);
@@ -753,11 +759,11 @@ describe('Replica: merge rules', { timeout: 60_000 }, () => {
     // that was acknowledged last and must be live everywhere in the end.
     for (let round = 0; round < 20; round++) {
       const [a, b, c] = cluster(3) as [Node, Node, Node];
-      const createX = await changes(a, () => a.config.create(serviceInput(a, b)));
+      const createX = await changes(a, () => a.config.create(serviceInput(a, b), BY));
       const x = (createX[0]!.body as { id: string }).id;
       b.replica.apply(createX);
-      const deleteX = await changes(a, () => a.config.delete(x));
-      const createY = await changes(a, () => a.config.create(serviceInput(a, b)));
+      const deleteX = await changes(a, () => a.config.delete(x, BY));
+      const createY = await changes(a, () => a.config.create(serviceInput(a, b), BY));
       const y = (createY[0]!.body as { id: string }).id;
       b.replica.apply(createY); // b still holds X live
       b.replica.apply(deleteX);
@@ -774,10 +780,11 @@ describe('Replica: merge rules', { timeout: 60_000 }, () => {
   it('a removed-peer tombstone deletes the peer’s services and their routes', async () => {
     const [a, b, c] = cluster(3) as [Node, Node, Node];
     const cId = c.identity.peerId;
-    await a.config.create(serviceInput(a, c));
-    await a.config.create(serviceInput(c, b));
-    const keep = await a.config.create(serviceInput(a, b));
-    for (const s of a.store.services()) a.config.addRoutes(s.id, [{ priority: 1, dest_cidr: '10.0.0.0/8' }]);
+    await a.config.create(serviceInput(a, c), BY);
+    await a.config.create(serviceInput(c, b), BY);
+    const keep = await a.config.create(serviceInput(a, b), BY);
+    for (const s of a.store.services())
+      a.config.addRoutes(s.id, [{ priority: 1, dest_cidr: '10.0.0.0/8' }], BY);
     b.replica.apply(allRecords(a));
     assert.equal(b.store.services().length, 3);
     const gone = a.store.services().filter((s) => s.id !== keep.id);
@@ -801,7 +808,7 @@ describe('Replica: merge rules', { timeout: 60_000 }, () => {
   it('a tombstone of the local peer is not applied and sets removedFromCluster', async () => {
     const [a, b] = cluster(2) as [Node, Node];
     const bId = b.identity.peerId;
-    await a.config.create(serviceInput(a, b));
+    await a.config.create(serviceInput(a, b), BY);
     b.replica.apply(allRecords(a));
     const removal: WireRecord = {
       key: keyOf('peer', bId),
@@ -824,8 +831,8 @@ describe('Replica: merge rules', { timeout: 60_000 }, () => {
     ] as const) {
       const [a, d] = cluster(2, { horizonMs: HOUR }) as [Node, Node];
       const dId = d.identity.peerId;
-      const s = await a.config.create(serviceInput(a, d));
-      a.config.addRoutes(s.id, [{ priority: 1, dest_cidr: '10.0.0.0/8' }]);
+      const s = await a.config.create(serviceInput(a, d), BY);
+      a.config.addRoutes(s.id, [{ priority: 1, dest_cidr: '10.0.0.0/8' }], BY);
       d.replica.apply(allRecords(a));
       assert.deepEqual(ids(d), [s.id]);
       // A service written long before the removal: its tombstone must still last the horizon.
@@ -863,7 +870,7 @@ describe('Replica: merge rules', { timeout: 60_000 }, () => {
 
   it('refuses records that are malformed, forged or stamped too far ahead, and counts them', async () => {
     const [a, b] = cluster(2) as [Node, Node];
-    const s = await a.config.create(serviceInput(a, b));
+    const s = await a.config.create(serviceInput(a, b), BY);
     const good = serviceRecord(s);
     const ahead = makeVkey(
       0,
@@ -937,10 +944,10 @@ describe('Replica: tombstone horizon', { timeout: 60_000 }, () => {
 
   async function deletedService(nodes: Node[]) {
     const [a, b] = nodes as [Node, Node];
-    const s = await a.config.create(serviceInput(a, b));
+    const s = await a.config.create(serviceInput(a, b), BY);
     b.replica.apply(allRecords(a));
     const key = keyOf('service', s.id);
-    const del = await changes(a, () => a.config.delete(s.id));
+    const del = await changes(a, () => a.config.delete(s.id, BY));
     return { s, key, del };
   }
 

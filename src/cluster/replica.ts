@@ -22,12 +22,14 @@ import { createHash } from 'node:crypto';
 import { type Clock, isoTime } from '../domain/clock.js';
 import { parseHealthCheck } from '../domain/health-check.js';
 import { checkRoute, checkService } from '../domain/service-rules.js';
+import type { EventActor, EventLog } from '../events/event-log.js';
 import type { ClusterSecretRecord, PeerRecord, RouteRecord, ServiceRecord } from '../store/records.js';
 import type { Store } from '../store/store.js';
 import { CLUSTER_SECRET_GRACE_MS, keyId } from './cluster-credential.js';
 import { bucketize, type DigestBuckets } from './digest-buckets.js';
 import { peerIdMatchesKey } from './handshake-protocol.js';
 import type { HybridClock } from './hlc.js';
+import { actorOf, changeEventId, recordEvent } from './record-events.js';
 import {
   APPLY_ORDER,
   type ClusterBody,
@@ -84,7 +86,32 @@ export class Replica {
     readonly hlc: HybridClock,
     private readonly clock: Clock,
     readonly tombstoneHorizonMs: number = DEFAULT_TOMBSTONE_HORIZON_MS,
+    /** Where each change's config event goes (docs/events.md); without it, none is recorded. */
+    private readonly events?: EventLog,
   ) {}
+
+  /**
+   * Runs a local write of the record at `key` (which `write` gives a new vkey, or a tombstone)
+   * in one transaction with its config event, made by `actor`: an acknowledged write always has
+   * its event, and a refused one (it throws) has none.
+   */
+  change<T>(key: string, actor: EventActor, write: () => T): T {
+    return this.store.transaction(() => {
+      const before = this.events && this.held(key);
+      const result = write();
+      this.noteChange(key, before, actor);
+      return result;
+    });
+  }
+
+  /** Records the event of the change from `before` to what is held at `key` now, if it changed. */
+  private noteChange(key: string, before: WireRecord | undefined, actor: EventActor): void {
+    if (!this.events) return;
+    const after = this.held(key);
+    if (!after || after.vkey === before?.vkey) return;
+    const event = recordEvent(before, after, actor);
+    if (event) this.events.record(event);
+  }
 
   /**
    * A vkey for a local write of a record whose previous vkey is `previous` (if any), in the same
@@ -156,8 +183,18 @@ export class Replica {
     }
   }
 
-  /** The record this agent holds for a key, or undefined. */
+  /**
+   * The record this agent holds for a key, or undefined, with the actor of its change when this
+   * agent's event log still holds that change's event.
+   */
   record(key: string): WireRecord | undefined {
+    const r = this.held(key);
+    if (!r || !this.events) return r;
+    const actor = this.store.eventTable.actorOf(changeEventId(r.key, r.vkey));
+    return actor ? { ...r, actor } : r;
+  }
+
+  private held(key: string): WireRecord | undefined {
     const parts = splitKey(key);
     if (!parts) return undefined;
     const state = this.store.agentState();
@@ -263,9 +300,13 @@ export class Replica {
     this.store.transaction(() => {
       if (!this.store.agentState()) return;
       for (const r of wellFormed) {
+        const before = this.events && this.held(r.key);
         const outcome = this.applyOne(r);
         if (outcome === 'malformed') malformed++;
-        else if (outcome) applied.push(outcome);
+        else if (outcome) {
+          applied.push(outcome);
+          this.noteChange(r.key, before, actorOf(r, this.localPeerId));
+        }
       }
     });
     return { applied, malformed };
@@ -288,7 +329,7 @@ export class Replica {
         this.removedFromCluster = true;
         return undefined;
       }
-      if (kind === 'peer') this.deletePeerAndServices(id, r.vkey, nowMs);
+      if (kind === 'peer') this.deletePeerAndServices(id, r.vkey, nowMs, actorOf(r, this.localPeerId));
       else if (kind === 'service') this.store.deleteService(id);
       else if (kind === 'route') this.store.deleteRoute(Number(id));
       this.store.putTombstone({ key: r.key, vkey: r.vkey, arrivedAt: nowMs });
@@ -337,12 +378,13 @@ export class Replica {
           rivalId === undefined || rivalId === service.id ? undefined : this.store.service(rivalId);
         if (rival) {
           if (createdLater(rival, service)) return this.applyOne(asTombstone(r));
+          const rivalKey = keyOf('service', rival.id);
+          const held = this.events && this.held(rivalKey);
           this.store.deleteService(rival.id);
-          this.store.putTombstone({
-            key: keyOf('service', rival.id),
-            vkey: tombstoneVkey(rival.vkey),
-            arrivedAt: nowMs,
-          });
+          const vkey = tombstoneVkey(rival.vkey);
+          this.store.putTombstone({ key: rivalKey, vkey, arrivedAt: nowMs });
+          // Every agent resolves the conflict alike: no client asked, the rival's writer made it.
+          this.noteChange(rivalKey, held, actorOf({ key: rivalKey, vkey, body: null }, this.localPeerId));
         }
         this.store.upsertService(service);
         this.store.deleteTombstone(r.key);
@@ -377,14 +419,18 @@ export class Replica {
    * is never stored. For DELETE /v1/peers/{id} and a removed-peer tombstone from gossip; inside
    * a store transaction.
    */
-  deletePeerAndServices(peerId: string, removalVkey: string, nowMs: number): void {
+  deletePeerAndServices(peerId: string, removalVkey: string, nowMs: number, actor: EventActor): void {
     const removal = parseVkey(removalVkey)!;
-    for (const s of this.store.services()) {
-      if (s.sourcePeerId !== peerId && s.targetPeerId !== peerId) continue;
+    const services = this.store
+      .services()
+      .filter((s) => s.sourcePeerId === peerId || s.targetPeerId === peerId);
+    for (const s of services) {
       const vkey = makeVkey(epochOf(s.vkey), DELETED_RANK, removal.stamp);
       this.store.putTombstone({ key: keyOf('service', s.id), vkey, arrivedAt: nowMs });
     }
     this.store.deletePeer(peerId);
+    // Each service's deletion is an event of its own, by whoever removed the peer.
+    for (const s of services) this.noteChange(keyOf('service', s.id), serviceRecord(s), actor);
   }
 
   /** Deletes every service (and so every route) held here, without tombstones. */

@@ -30,6 +30,11 @@ export interface WireRecord {
   vkey: string;
   /** null for a tombstone: the record was deleted (peers: removed) at this vkey. */
   body: Record<string, unknown> | null;
+  /**
+   * Who made this version (docs/events.md): the API client and the agent that took the request.
+   * Absent from agents that predate events; never trusted beyond being shown in an event.
+   */
+  actor?: { client_id: string | null; agent: string };
 }
 
 export const PEER_RANK = { active: 0, inactive: 1, removed: 2 } as const;

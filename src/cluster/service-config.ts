@@ -19,6 +19,7 @@ import {
   type ServiceCreateFields,
   serviceShapeOf,
 } from '../domain/service-rules.js';
+import type { EventActor } from '../events/event-log.js';
 import type { RouteRecord, ServiceRecord, TransportType } from '../store/records.js';
 import type { ServiceFilter, Store } from '../store/store.js';
 import type { Admission, ServiceClaim } from './allocator.js';
@@ -56,7 +57,7 @@ export class ServiceConfig {
   constructor(
     private readonly store: Store,
     private readonly clock: Clock,
-    private readonly replica: Pick<Replica, 'nextVkey'>,
+    private readonly replica: Pick<Replica, 'nextVkey' | 'change'>,
     private readonly admission: Admission,
   ) {}
 
@@ -72,7 +73,8 @@ export class ServiceConfig {
     return { service, routes: this.store.routesOf(id) };
   }
 
-  async create(input: ServiceCreate): Promise<ServiceRecord> {
+  /** Every write takes its `actor`: who asked, for its config event (docs/events.md). */
+  async create(input: ServiceCreate, actor: EventActor): Promise<ServiceRecord> {
     const state = this.store.agentState();
     if (!state) throw notFound('this agent is not bootstrapped');
     const shape = serviceShapeOf(input, state.localPeerId);
@@ -99,7 +101,7 @@ export class ServiceConfig {
     const record: ServiceRecord = { ...unstamped, vkey, createdStamp: parseVkey(vkey)!.stamp };
     return this.store.transaction(() => {
       this.checkCreate(record, state.license.max_services);
-      this.store.insertService(record);
+      this.replica.change(keyOf('service', record.id), actor, () => this.store.insertService(record));
       return record;
     });
   }
@@ -122,7 +124,7 @@ export class ServiceConfig {
     }
   }
 
-  update(id: string, input: ServiceUpdate): ServiceRecord {
+  update(id: string, input: ServiceUpdate, actor: EventActor): ServiceRecord {
     // What the body gets wrong on its own is a 400 before any lookup (docs/decisions.md §3 order).
     interfaceCidr(input.desired_ipv4_cidr ?? null, 4, 'desired_ipv4_cidr');
     interfaceCidr(input.desired_ipv6_cidr ?? null, 6, 'desired_ipv6_cidr');
@@ -171,21 +173,23 @@ export class ServiceConfig {
         updatedAt: isoTime(this.clock.now()),
         vkey: this.replica.nextVkey(current.vkey, LIVE_RANK),
       };
-      this.store.updateService(updated);
+      this.replica.change(keyOf('service', id), actor, () => this.store.updateService(updated));
       return updated;
     });
   }
 
   /** Deletes the service (its routes go with it) and leaves a tombstone for gossip. */
-  delete(id: string): void {
+  delete(id: string, actor: EventActor): void {
     this.store.transaction(() => {
       const current = this.store.service(id);
       if (!current) throw notFound(`no service with id ${id}`);
-      this.store.deleteService(id);
-      this.store.putTombstone({
-        key: keyOf('service', id),
-        vkey: this.replica.nextVkey(current.vkey, DELETED_RANK),
-        arrivedAt: this.clock.now(),
+      this.replica.change(keyOf('service', id), actor, () => {
+        this.store.deleteService(id);
+        this.store.putTombstone({
+          key: keyOf('service', id),
+          vkey: this.replica.nextVkey(current.vkey, DELETED_RANK),
+          arrivedAt: this.clock.now(),
+        });
       });
     });
   }
@@ -196,7 +200,7 @@ export class ServiceConfig {
   }
 
   /** All routes or none: every route is checked before anything is written. */
-  addRoutes(serviceId: string, inputs: RouteInput[]): number[] {
+  addRoutes(serviceId: string, inputs: RouteInput[], actor: EventActor): number[] {
     if (inputs.length === 0) throw invalidRequest('routes must hold at least one route');
     const checked = inputs.map((r, i) => checkRoute(toShape(r), `routes[${i}]`));
     const now = isoTime(this.clock.now());
@@ -208,21 +212,28 @@ export class ServiceConfig {
         // 2^53 ids make a collision all but impossible; checking costs one indexed read.
         while (this.store.route(id) || ids.includes(id)) id = newRouteId();
         ids.push(id);
-        this.store.insertRoute({
-          id,
-          serviceId,
-          ...shape,
-          version: 1,
-          createdAt: now,
-          updatedAt: now,
-          vkey: this.replica.nextVkey(undefined, LIVE_RANK),
-        });
+        this.replica.change(keyOf('route', id), actor, () =>
+          this.store.insertRoute({
+            id,
+            serviceId,
+            ...shape,
+            version: 1,
+            createdAt: now,
+            updatedAt: now,
+            vkey: this.replica.nextVkey(undefined, LIVE_RANK),
+          }),
+        );
       }
       return ids;
     });
   }
 
-  updateRoute(serviceId: string, routeId: number, input: Partial<RouteInput>): RouteRecord {
+  updateRoute(
+    serviceId: string,
+    routeId: number,
+    input: Partial<RouteInput>,
+    actor: EventActor,
+  ): RouteRecord {
     routeCidr(input.source_cidr ?? null, 'source_cidr');
     routeCidr(input.dest_cidr ?? null, 'dest_cidr');
     return this.store.transaction(() => {
@@ -239,19 +250,21 @@ export class ServiceConfig {
         updatedAt: isoTime(this.clock.now()),
         vkey: this.replica.nextVkey(current.vkey, LIVE_RANK),
       };
-      this.store.updateRoute(updated);
+      this.replica.change(keyOf('route', routeId), actor, () => this.store.updateRoute(updated));
       return updated;
     });
   }
 
-  deleteRoute(serviceId: string, routeId: number): void {
+  deleteRoute(serviceId: string, routeId: number, actor: EventActor): void {
     this.store.transaction(() => {
       const current = this.requireRoute(serviceId, routeId);
-      this.store.deleteRoute(routeId);
-      this.store.putTombstone({
-        key: keyOf('route', routeId),
-        vkey: this.replica.nextVkey(current.vkey, DELETED_RANK),
-        arrivedAt: this.clock.now(),
+      this.replica.change(keyOf('route', routeId), actor, () => {
+        this.store.deleteRoute(routeId);
+        this.store.putTombstone({
+          key: keyOf('route', routeId),
+          vkey: this.replica.nextVkey(current.vkey, DELETED_RANK),
+          arrivedAt: this.clock.now(),
+        });
       });
     });
   }

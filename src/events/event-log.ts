@@ -88,6 +88,11 @@ export class EventLog {
     return event;
   }
 
+  /** The actor of a request this agent took from the API client `clientId` (null: none). */
+  actorFor(clientId: string | null): EventActor {
+    return { client_id: clientId, agent: this.agent };
+  }
+
   /** Events with seq > since, oldest first; `type` is a prefix (`peer.` matches all peer events);
    *  `resource` an exact resource id; limit 1..1000 (default 1000). */
   after(since: number, opts: { type?: string; resource?: string; limit?: number } = {}): MeshEvent[] {

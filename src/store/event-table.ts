@@ -52,6 +52,7 @@ export class EventTable {
          VALUES (@id, @type, @time, @actor, @resourceKind, @resourceId, @data)`,
       ),
       byId: db.prepare('SELECT * FROM events WHERE id = ?'),
+      actorById: db.prepare('SELECT actor FROM events WHERE id = ?').pluck(),
       oldest: db.prepare('SELECT min(seq) FROM events').pluck(),
       // The highest seq ever given, deleted or not: AUTOINCREMENT keeps it here.
       last: db.prepare(`SELECT seq FROM sqlite_sequence WHERE name = 'events'`).pluck(),
@@ -90,6 +91,12 @@ export class EventTable {
       data: JSON.stringify(e.data),
     });
     return { event: { seq: Number(lastInsertRowid), ...e }, inserted: true };
+  }
+
+  /** The actor of the event with this id, if it is kept. */
+  actorOf(id: string): EventRecord['actor'] | undefined {
+    const actor = this.stmts.actorById.get(id) as string | undefined;
+    return actor === undefined ? undefined : (JSON.parse(actor) as EventRecord['actor']);
   }
 
   after(since: number, limit: number, filter: EventFilter = {}): EventRecord[] {

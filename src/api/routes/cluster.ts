@@ -5,6 +5,7 @@
 import type { FastifyInstance } from 'fastify';
 import { notFound } from '../../domain/errors.js';
 import type { AppDeps } from '../app.js';
+import { requestActor } from '../authorize.js';
 import {
   ClusterCredentialResponse,
   ClusterIdentity,
@@ -62,7 +63,7 @@ export function registerClusterRoutes(app: FastifyInstance, deps: AppDeps): void
     async (request) => {
       const state = deps.store.agentState();
       if (!state) throw notFound('this agent is not bootstrapped: it has no cluster credential');
-      const rotated = deps.clusterCredential.rotate(state.localPeerId);
+      const rotated = deps.clusterCredential.rotate(state.localPeerId, requestActor(deps.events, request));
       request.log.info({ version: rotated.version }, 'cluster credential rotated');
       return rotated;
     },
@@ -85,6 +86,7 @@ export function registerClusterRoutes(app: FastifyInstance, deps: AppDeps): void
     async (request) => {
       const result = deps.peers.initCluster(
         (request.body as { force?: boolean } | undefined)?.force ?? false,
+        requestActor(deps.events, request),
       );
       if (result.was_created) request.log.warn({ cluster_id: result.cluster_id }, 'new cluster id generated');
       return result;

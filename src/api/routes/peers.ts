@@ -3,6 +3,7 @@ import { Type } from '@sinclair/typebox';
 import type { FastifyInstance } from 'fastify';
 import { notFound } from '../../domain/errors.js';
 import type { AppDeps } from '../app.js';
+import { requestActor } from '../authorize.js';
 import {
   Deleted,
   errorResponses,
@@ -66,7 +67,10 @@ export function registerPeerRoutes(app: FastifyInstance, deps: AppDeps): void {
       },
     },
     async (request, reply) => {
-      const peer = await deps.peers.add((request.body as { address: string }).address);
+      const peer = await deps.peers.add(
+        (request.body as { address: string }).address,
+        requestActor(deps.events, request),
+      );
       request.log.info({ peer_id: peer.id, address: peer.address }, 'peer added');
       return reply.code(201).send(peerView(peer, localId(), deps.liveness(peer.id)));
     },
@@ -86,7 +90,11 @@ export function registerPeerRoutes(app: FastifyInstance, deps: AppDeps): void {
     async (request) => {
       const { id } = request.params as { id: string };
       return (() => {
-        const peer = deps.peers.rename(id, (request.body as { name?: string }).name);
+        const peer = deps.peers.rename(
+          id,
+          (request.body as { name?: string }).name,
+          requestActor(deps.events, request),
+        );
         return peerView(peer, localId(), deps.liveness(peer.id));
       })();
     },
@@ -103,7 +111,7 @@ export function registerPeerRoutes(app: FastifyInstance, deps: AppDeps): void {
       },
     },
     async (request) => {
-      const result = deps.peers.leave();
+      const result = deps.peers.leave(requestActor(deps.events, request));
       request.log.warn({ peer_id: result.peer_id }, 'this agent left the cluster');
       return result;
     },
@@ -121,7 +129,7 @@ export function registerPeerRoutes(app: FastifyInstance, deps: AppDeps): void {
     },
     async (request) => {
       const { id } = request.params as { id: string };
-      deps.peers.remove(id);
+      deps.peers.remove(id, requestActor(deps.events, request));
       request.log.info({ peer_id: id }, 'peer removed');
       return { deleted: true as const };
     },

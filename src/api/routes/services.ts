@@ -5,6 +5,7 @@ import type { ServiceCreate, ServiceUpdate } from '../../cluster/service-config.
 import { invalidRequest } from '../../domain/errors.js';
 import { isServiceActive } from '../../domain/service-rules.js';
 import type { AppDeps } from '../app.js';
+import { requestActor } from '../authorize.js';
 import type { ValidationCodes } from '../error-reply.js';
 import {
   Deleted,
@@ -150,7 +151,10 @@ export function registerServiceRoutes(app: FastifyInstance, deps: AppDeps): void
       },
     },
     async (request, reply) => {
-      const created = await services.create(request.body as ServiceCreate);
+      const created = await services.create(
+        request.body as ServiceCreate,
+        requestActor(deps.events, request),
+      );
       request.log.info({ service_id: created.id }, 'service created');
       return reply.code(201).send(serviceCreatedView(created));
     },
@@ -170,7 +174,11 @@ export function registerServiceRoutes(app: FastifyInstance, deps: AppDeps): void
     },
     async (request) => {
       const id = (request.params as { id: string }).id;
-      const updated = services.update(id, request.body as ServiceUpdate & Static<typeof ServiceUpdateBody>);
+      const updated = services.update(
+        id,
+        request.body as ServiceUpdate & Static<typeof ServiceUpdateBody>,
+        requestActor(deps.events, request),
+      );
       request.log.info({ service_id: id, version: updated.version }, 'service updated');
       return serviceSingleView(
         updated,
@@ -192,7 +200,7 @@ export function registerServiceRoutes(app: FastifyInstance, deps: AppDeps): void
     },
     async (request) => {
       const id = (request.params as { id: string }).id;
-      services.delete(id);
+      services.delete(id, requestActor(deps.events, request));
       request.log.info({ service_id: id }, 'service deleted');
       return { deleted: true as const };
     },
@@ -225,7 +233,11 @@ export function registerServiceRoutes(app: FastifyInstance, deps: AppDeps): void
     },
     async (request, reply) => {
       const serviceId = (request.params as { service_id: string }).service_id;
-      const ids = services.addRoutes(serviceId, (request.body as Static<typeof RoutesCreateBody>).routes);
+      const ids = services.addRoutes(
+        serviceId,
+        (request.body as Static<typeof RoutesCreateBody>).routes,
+        requestActor(deps.events, request),
+      );
       request.log.info({ service_id: serviceId, count: ids.length }, 'routes added');
       return reply.code(201).send({ route_ids: ids, count: ids.length });
     },
@@ -247,7 +259,12 @@ export function registerServiceRoutes(app: FastifyInstance, deps: AppDeps): void
     async (request) => {
       const { service_id, route_id } = request.params as { service_id: string; route_id: number };
       return routeView(
-        services.updateRoute(service_id, route_id, request.body as Static<typeof RouteUpdateBody>),
+        services.updateRoute(
+          service_id,
+          route_id,
+          request.body as Static<typeof RouteUpdateBody>,
+          requestActor(deps.events, request),
+        ),
       );
     },
   );
@@ -265,7 +282,7 @@ export function registerServiceRoutes(app: FastifyInstance, deps: AppDeps): void
     },
     async (request) => {
       const { service_id, route_id } = request.params as { service_id: string; route_id: number };
-      services.deleteRoute(service_id, route_id);
+      services.deleteRoute(service_id, route_id, requestActor(deps.events, request));
       return { deleted: true as const };
     },
   );
