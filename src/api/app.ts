@@ -39,6 +39,7 @@ import { registerClusterRoutes } from './routes/cluster.js';
 import { registerCredentialRoutes } from './routes/credentials.js';
 import { registerDataPlaneRoutes } from './routes/dataplane.js';
 import { registerExplainRoutes } from './routes/explain.js';
+import { registerEventRoutes } from './routes/events.js';
 import { registerGossipRoutes } from './routes/gossip.js';
 import { registerHandshakeRoutes } from './routes/handshake.js';
 import { registerHealthRoutes } from './routes/health.js';
@@ -285,6 +286,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   registerTestHookRoutes(app, deps);
   registerOperatorRoutes(app, deps);
   registerWebhookRoutes(app, deps);
+  registerEventRoutes(app, deps);
   // The rendered API reference; Swagger UI's assets come from the npm package, not a CDN.
   await app.register(swaggerUi, { routePrefix: '/docs' });
   app.get(

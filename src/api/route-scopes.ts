@@ -67,6 +67,10 @@ export const ROUTE_SCOPES: Readonly<Record<string, RouteGuard>> = {
   'GET /v1/webhooks/:id': 'admin',
   'DELETE /v1/webhooks/:id': 'admin',
   'POST /v1/webhooks/:id/test': 'admin',
+
+  // Extensions (docs/events.md): admin, or the extension scope events.read.
+  'GET /v1/events': 'events.read',
+  'GET /v1/events/stream': 'events.read',
 };
 
 export const routeKey = (method: string, url: string): string =>

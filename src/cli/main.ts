@@ -73,6 +73,7 @@ async function serve(argv: string[]): Promise<void> {
       misses: opts.healthMisses,
       holdDownMs: opts.failoverHoldDownMs,
     },
+    eventRetention: { maxAgeMs: opts.eventsMaxAgeDays * 86_400_000, maxCount: opts.eventsMaxCount },
     testHooks: opts.testHooks,
     dataplane: opts.dataplane,
     macvlanParent: opts.macvlanParent,

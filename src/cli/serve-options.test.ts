@@ -142,6 +142,8 @@ describe('SERVE_FLAGS, the one table of the serve flags', () => {
     'health-interval-ms': { value: '200' },
     'health-misses': { value: '5' },
     'failover-hold-down-ms': { value: '0' },
+    'events-max-age-days': { value: '7' },
+    'events-max-count': { value: '5000' },
     kcp: { value: 'mtu=1400' },
     'test-hooks': {},
   };

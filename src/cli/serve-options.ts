@@ -23,6 +23,9 @@ export interface ServeOptions {
   healthIntervalMs: number;
   healthMisses: number;
   failoverHoldDownMs: number;
+  /** Event log retention (docs/events.md): whichever limit comes first. */
+  eventsMaxAgeDays: number;
+  eventsMaxCount: number;
   testHooks: boolean;
   /** --kcp: KCP engine parameters of the kcp transport (docs/kcp.md), checked again by the agent. */
   kcp: KcpTuning;
@@ -107,6 +110,8 @@ export const SERVE_FLAGS = {
   'health-interval-ms': { value: 'MS', default: '500' },
   'health-misses': { value: 'N', default: '3' },
   'failover-hold-down-ms': { value: 'MS', default: '30000' },
+  'events-max-age-days': { value: 'DAYS', default: '30', note: 'event log retention; docs/events.md' },
+  'events-max-count': { value: 'N', default: '1000000', withPrevious: true },
   kcp: {
     value: 'KEY=N,...',
     note: 'KCP engine: mtu, interval, nodelay, resend, nc, sndwnd,\nrcvwnd, minrto; docs/kcp.md',
@@ -254,6 +259,8 @@ export function parseServeOptions(argv: string[], env: NodeJS.ProcessEnv): Serve
   const healthIntervalMs = wholeNumber('health-interval-ms', 50, 60_000);
   const healthMisses = wholeNumber('health-misses', 2, 100);
   const failoverHoldDownMs = wholeNumber('failover-hold-down-ms', 0, 3_600_000);
+  const eventsMaxAgeDays = wholeNumber('events-max-age-days', 1, 3650);
+  const eventsMaxCount = wholeNumber('events-max-count', 1000, 100_000_000);
   const keysFlag = values['license-public-key'];
   const keysEnv = env[envName('license-public-key')];
   const licensePublicKeys = Array.isArray(keysFlag)
@@ -283,6 +290,8 @@ export function parseServeOptions(argv: string[], env: NodeJS.ProcessEnv): Serve
     healthIntervalMs,
     healthMisses,
     failoverHoldDownMs,
+    eventsMaxAgeDays,
+    eventsMaxCount,
     testHooks: bool('test-hooks'),
     kcp: parseKcpTuning(str('kcp')),
   };

@@ -13,6 +13,8 @@ export const SCOPE_NAMES = [
   'services.write',
   'credentials.read',
   'credentials.write',
+  // Extension (docs/events.md): reads the event log and its stream.
+  'events.read',
 ] as const;
 
 export type ScopeName = (typeof SCOPE_NAMES)[number];

@@ -25,6 +25,7 @@ const ALL_SCOPES = [
   'services.write',
   'credentials.read',
   'credentials.write',
+  'events.read',
 ].map(SCOPE);
 const TOKEN = '/v1/oauth/token';
 const GRANT = 'grant_type=client_credentials';

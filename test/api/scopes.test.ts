@@ -9,11 +9,14 @@ import { after, before, describe, it } from 'node:test';
 import { SCOPE_NAMES, scope } from '../../src/domain/scopes.js';
 import { AgentProcess, bootstrap } from '../helpers/agent-process.js';
 import { makeVendor } from '../helpers/licenses.js';
+import { SseClient } from '../helpers/sse-client.js';
 
 const FIXTURE = JSON.parse(
   readFileSync(new URL('../../../test/fixtures/route-scopes.json', import.meta.url), 'utf8'),
 ) as Record<string, string>;
 delete FIXTURE.$comment;
+
+const STREAM = '/v1/events/stream';
 
 const isTokenless = (guard: string) => guard === 'public' || guard === 'peer-signed';
 
@@ -70,6 +73,14 @@ describe('scope matrix', () => {
       const guard = FIXTURE[`${method} ${path}`]!;
       if (isTokenless(guard)) continue;
       for (const name of SCOPE_NAMES) {
+        if (path === STREAM) {
+          // An admitted stream never ends: its status is all there is to compare.
+          const stream = await SseClient.open(agent.url, { token: tokens.get(name)! });
+          stream.close();
+          const granted = expectedGrant(guard, name);
+          assert.equal(stream.status === 403, !granted, `${method} ${path} with ${name}: ${stream.status}`);
+          continue;
+        }
         const res = await agent.client.request(method, concrete(path), {
           token: tokens.get(name)!,
           json: bodyFor(method, path, name),
