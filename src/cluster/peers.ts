@@ -468,7 +468,7 @@ export class Peers {
 
   /** This agent's cluster and credential records, as a handshake exchanges them. */
   private clusterRecords(): WireRecord[] {
-    return [this.replica.record('cluster')!, this.replica.record('credential')!];
+    return [this.replica.held('cluster')!, this.replica.held('credential')!];
   }
 
   /** A merge must fit max_services: both clusters' services together (they never overlap). */

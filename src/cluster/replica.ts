@@ -194,7 +194,11 @@ export class Replica {
     return actor ? { ...r, actor } : r;
   }
 
-  private held(key: string): WireRecord | undefined {
+  /**
+   * The record as stored, without its actor: for the handshake, whose schema (on agents of every
+   * version) takes exactly key, vkey and body.
+   */
+  held(key: string): WireRecord | undefined {
     const parts = splitKey(key);
     if (!parts) return undefined;
     const state = this.store.agentState();
