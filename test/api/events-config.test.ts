@@ -26,6 +26,12 @@ const NOT_CLIENT_WRITES = new Set([
 /** An event as the API answers it (arbitrary JSON, as ApiResponse['body']). */
 type Ev = ApiResponse['body'];
 
+/** A year to run: no license.expiring event among the config events counted here. */
+const LICENSE = {
+  license_id: 'lic-events',
+  expires_at: new Date(Date.now() + 365 * 86_400_000).toISOString(),
+};
+
 interface Ctx {
   a: Node;
   b: Node;
@@ -33,6 +39,7 @@ interface Ctx {
   serviceId?: string;
   routeId?: number;
   credentialId?: string;
+  webhookId?: string;
 }
 
 interface Case {
@@ -189,6 +196,35 @@ const TABLE: Record<string, Case | 'bootstrap'> = {
       assert.equal(e.resource.id, e.data.after.cluster_id);
     },
   },
+  'POST /v1/webhooks': {
+    run: async (c) => {
+      const r = await req(c, 'POST', '/v1/webhooks', { url: 'http://127.0.0.1:9/hook', types: ['service.'] });
+      c.webhookId = r.body.id;
+      return r;
+    },
+    status: 201,
+    type: 'webhook.created',
+    check: (e, c) => {
+      assert.deepEqual(e.resource, { kind: 'webhook', id: c.webhookId });
+      assert.equal(e.data.after.url, 'http://127.0.0.1:9/hook');
+    },
+    refused: (c) => req(c, 'POST', '/v1/webhooks', { url: 'ftp://127.0.0.1/hook' }),
+  },
+  // A test delivery is sent outside the log.
+  'POST /v1/webhooks/:id/test': {
+    run: (c) => req(c, 'POST', `/v1/webhooks/${c.webhookId}/test`),
+    status: 200,
+    type: null,
+  },
+  'DELETE /v1/webhooks/:id': {
+    run: (c) => req(c, 'DELETE', `/v1/webhooks/${c.webhookId}`),
+    status: 200,
+    type: 'webhook.deleted',
+    check: (e) => assert.equal(e.data.after, null),
+    refused: (c) => req(c, 'DELETE', '/v1/webhooks/no-such-webhook'),
+  },
+  // Reads only, a proposed change included: any answer records nothing.
+  'POST /v1/explain': { run: (c) => req(c, 'POST', '/v1/explain', {}), status: 400, type: null },
   'POST /v1/cluster/sync': { run: (c) => req(c, 'POST', '/v1/cluster/sync'), status: 200, type: null },
   'DELETE /v1/peers/:id': {
     run: (c) => req(c, 'DELETE', `/v1/peers/${c.b.peerId}`),
@@ -228,8 +264,8 @@ describe('config events for every write route', () => {
 
   before(async () => {
     agents.push(await AgentProcess.start({ vendor }), await AgentProcess.start({ vendor }));
-    const a = await bootstrapNode(agents[0]!, vendor, { license_id: 'lic-ev' });
-    const b = await bootstrapNode(agents[1]!, vendor, { license_id: 'lic-ev' });
+    const a = await bootstrapNode(agents[0]!, vendor, LICENSE);
+    const b = await bootstrapNode(agents[1]!, vendor, LICENSE);
     const me = await a.agent.client.get('/v1/credentials', { token: a.token });
     ctx = { a, b, clientId: me.body[0].client_id };
   });
