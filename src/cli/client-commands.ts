@@ -16,7 +16,7 @@ import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import { HEALTH_CHECK_FAILURES, HEALTH_CHECK_INTERVAL_MS } from '../domain/health-check.js';
 import { SCOPE_PREFIX } from '../domain/scopes.js';
-import { ApiCallError, MeshClient, NotLoggedInError, UnreachableError } from './client-http.js';
+import { ApiCallError, followStream, MeshClient, NotLoggedInError, UnreachableError } from './client-http.js';
 import { configDir, normalizeUrl, profilePath, resolveProfile, saveProfile } from './client-profile.js';
 import { bytes, cell, renderObject, renderTable } from './client-table.js';
 import { CLIENT_USAGE } from './client-usage.js';
@@ -763,6 +763,74 @@ async function webhooks(args: string[], s0: { io: Io; env: NodeJS.ProcessEnv }):
   }
 }
 
+/** One event in one line: what the table of `events` and each line of `events --follow` show. */
+const eventRow = (e: Obj): unknown[] => {
+  const r = e.resource as Obj;
+  const a = e.actor as Obj;
+  return [e.seq, e.time, e.type, `${cell(r.kind)}/${cell(r.id)}`, `${cell(a.client_id)}@${cell(a.agent)}`];
+};
+const EVENT_HEADERS = ['SEQ', 'TIME', 'TYPE', 'RESOURCE', 'ACTOR'];
+
+async function eventsCmd(args: string[], s0: { io: Io; env: NodeJS.ProcessEnv }): Promise<void> {
+  const p = parse(
+    args,
+    {
+      since: { type: 'string' },
+      type: { type: 'string' },
+      resource: { type: 'string' },
+      follow: { type: 'boolean' },
+    },
+    [0, 0],
+    'events',
+  );
+  const s = new Session(s0.io, s0.env, p);
+  const since = str(p, 'since');
+  if (since !== undefined) integer(since, '--since', 0, Number.MAX_SAFE_INTEGER);
+  const filters = new URLSearchParams();
+  for (const k of ['type', 'resource'] as const) {
+    const v = str(p, k);
+    if (v !== undefined) filters.set(k, v);
+  }
+  // JSON lines with --json: one event a line, so a pipe can read them as they come.
+  const line = (e: Obj) =>
+    s.json ? JSON.stringify(e) : renderTable(EVENT_HEADERS, [eventRow(e)]).split('\n')[1]!;
+  if (flag(p, 'follow')) {
+    if (!s.json) s.io.out(EVENT_HEADERS.join('  '));
+    const stop = new AbortController();
+    process.once('SIGINT', () => stop.abort());
+    const query = filters.toString();
+    await followStream(
+      s.api(),
+      `/v1/events/stream${query ? `?${query}` : ''}`,
+      (m) => {
+        if (m.event === 'resync') {
+          s.io.err(
+            `mesh-agent: events before seq ${cell((JSON.parse(m.data) as Obj).oldest_seq)} are no longer kept`,
+          );
+          return;
+        }
+        s.io.out(line(JSON.parse(m.data) as Obj));
+      },
+      stop.signal,
+      since,
+    );
+    return;
+  }
+  // Every kept event after --since, a page at a time.
+  const all: Obj[] = [];
+  let cursor = Number(since ?? 0);
+  for (;;) {
+    filters.set('since', String(cursor));
+    filters.set('limit', '1000');
+    const page = await s.call<{ events: Obj[]; next: number }>('GET', `/v1/events?${filters}`);
+    all.push(...page.events);
+    if (page.events.length < 1000) break;
+    cursor = page.next;
+  }
+  if (s.json) for (const e of all) s.io.out(JSON.stringify(e));
+  else s.io.out(renderTable(EVENT_HEADERS, all.map(eventRow)));
+}
+
 async function cluster(args: string[], s0: { io: Io; env: NodeJS.ProcessEnv }): Promise<void> {
   const [sub, ...rest] = args;
   const io = s0.io;
@@ -1006,6 +1074,9 @@ export async function runClientCommand(
         break;
       case 'webhooks':
         await webhooks(rest, s0);
+        break;
+      case 'events':
+        await eventsCmd(rest, s0);
         break;
       case 'status':
         await status(rest, s0);

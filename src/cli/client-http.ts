@@ -43,6 +43,10 @@ export class MeshClient {
     this.now = opts.now ?? Date.now;
   }
 
+  get url(): string {
+    return this.opts.url;
+  }
+
   /** One HTTP exchange; the body parsed as JSON when it is JSON. */
   private async exchange(
     method: string,
@@ -154,6 +158,73 @@ export class MeshClient {
     if (auth && res.status === 401) res = await send((await this.fetchToken()).access_token);
     if (res.status >= 200 && res.status < 300) return res.body as T;
     throw errorOf(res.status, res.body, res.text);
+  }
+}
+
+/**
+ * Follows a Server-Sent Events endpoint (GET /v1/events/stream): calls `onMessage` for each
+ * message with its id, event and data, resumes with Last-Event-ID after a cut (a restart of the
+ * agent, or its cut-off of a slow reader) and returns only when `signal` aborts. A refusal (4xx)
+ * throws as call() does.
+ */
+export async function followStream(
+  client: MeshClient,
+  path: string,
+  onMessage: (m: { id: string | undefined; event: string; data: string }) => void,
+  signal: AbortSignal,
+  lastEventId?: string,
+): Promise<void> {
+  let last = lastEventId;
+  let token = await client.fetchToken();
+  while (!signal.aborted) {
+    let res: Response;
+    try {
+      res = await fetch(`${client.url}${path}`, {
+        headers: {
+          accept: 'text/event-stream',
+          authorization: `Bearer ${token.access_token}`,
+          ...(last !== undefined ? { 'last-event-id': last } : {}),
+        },
+        signal,
+        redirect: 'error',
+      });
+    } catch {
+      if (signal.aborted) return;
+      await new Promise((r) => setTimeout(r, 1000));
+      continue;
+    }
+    if (res.status === 401) {
+      token = await client.fetchToken();
+      continue;
+    }
+    if (res.status !== 200 || !res.body) {
+      const text = await res.text();
+      let body: Json = text;
+      try {
+        body = JSON.parse(text) as Json;
+      } catch {}
+      throw errorOf(res.status, body, text);
+    }
+    let pending = '';
+    try {
+      for await (const chunk of res.body.pipeThrough(new TextDecoderStream())) {
+        pending += chunk;
+        for (let cut = pending.indexOf('\n\n'); cut >= 0; cut = pending.indexOf('\n\n')) {
+          const m = { id: undefined as string | undefined, event: 'message', data: '' };
+          for (const line of pending.slice(0, cut).split('\n')) {
+            if (line.startsWith('id: ')) m.id = line.slice(4);
+            else if (line.startsWith('event: ')) m.event = line.slice(7);
+            else if (line.startsWith('data: ')) m.data += line.slice(6);
+          }
+          pending = pending.slice(cut + 2);
+          if (m.id !== undefined) last = m.id;
+          if (m.data !== '') onMessage(m);
+        }
+      }
+    } catch {
+      // Cut off: resume after the last message received.
+    }
+    if (!signal.aborted) await new Promise((r) => setTimeout(r, 500));
   }
 }
 

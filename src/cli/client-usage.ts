@@ -13,6 +13,7 @@ export const CLIENT_COMMAND_NAMES: ReadonlySet<string> = new Set([
   'credentials',
   'cluster',
   'webhooks',
+  'events',
   'status',
   'explain',
 ]);
@@ -37,6 +38,7 @@ export const CLIENT_USAGE = `client commands (talk to an agent's management API)
   mesh-agent credentials ls | create [--scope NAME]... | revoke CLIENT_ID
   mesh-agent cluster identity | init [--force] | sync | credentials | rotate [--show-secret] | license
   mesh-agent webhooks ls | add URL [--type PREFIX]... | rm ID | test ID
+  mesh-agent events [--since SEQ] [--type PREFIX] [--resource ID] [--follow]   (--json: JSON lines)
   mesh-agent status
   mesh-agent explain SOURCE DESTINATION [--protocol tcp|udp|icmp] [--port N] [--peer PEER]
                    [--with JSON|FILE]

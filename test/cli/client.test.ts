@@ -7,14 +7,16 @@
  * output but the one that created it.
  */
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { AgentProcess } from '../helpers/agent-process.js';
+import { AgentProcess, MAIN_JS } from '../helpers/agent-process.js';
 import { type CliResult, runCli } from '../helpers/cli.js';
+import { eventually } from '../helpers/cluster.js';
 import { makeVendor, type Vendor } from '../helpers/licenses.js';
 import { bootstrapNode, type Node } from '../helpers/nodes.js';
 import { freePort } from '../helpers/ports.js';
@@ -87,6 +89,7 @@ describe('mesh-agent client commands', { timeout: 180_000 }, () => {
       'credentials',
       'cluster',
       'webhooks ls',
+      'events',
       'status',
     ]) {
       assert.ok(res.stdout.includes(word), word);
@@ -716,6 +719,60 @@ describe('mesh-agent client commands', { timeout: 180_000 }, () => {
     } finally {
       await receiver.close();
     }
+  });
+
+  it('events: the trail as a table and as JSON lines; --follow prints what comes next', async () => {
+    const lines = (await ok(['events', '--json'])).stdout
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as Obj);
+    assert.ok(lines.length > 5, `${lines.length} events`);
+    assert.equal(lines[0]!.type, 'agent.bootstrapped');
+    const seqs = lines.map((e) => e.seq as number);
+    assert.deepEqual(
+      seqs,
+      [...seqs].sort((x, y) => x - y),
+    );
+    const table = (await ok(['events', '--type', 'webhook.'])).stdout;
+    assert.match(table, /^SEQ\s+TIME\s+TYPE\s+RESOURCE\s+ACTOR$/m);
+    assert.match(table, /\swebhook\.created\s+webhook\//);
+    assert.doesNotMatch(table, /peer\.renamed/);
+    assert.equal((await cli(['events', '--since', 'x'])).code, 2);
+
+    // --follow from the last seq: the next change appears, then Ctrl-C ends it cleanly.
+    const child = spawn(
+      process.execPath,
+      [MAIN_JS, 'events', '--follow', '--json', '--since', String(seqs.at(-1))],
+      {
+        env: { ...process.env, ...env },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      },
+    );
+    let out = '';
+    child.stdout.on('data', (c: Buffer) => {
+      out += c.toString();
+    });
+    const exited = new Promise<number | null>((r) => child.on('close', r));
+    try {
+      await ok(['peers', 'rename', b.peerId, 'followed']);
+      await eventually('the followed event', async () => (out.includes('"peer.renamed"') ? true : undefined));
+      const followed = out
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l) as Obj);
+      assert.ok(followed.every((e) => (e.seq as number) > seqs.at(-1)!));
+      assert.deepEqual((followed.find((e) => e.type === 'peer.renamed')!.data as Obj).after, {
+        name: 'followed',
+      });
+    } finally {
+      child.kill('SIGINT');
+    }
+    assert.equal(await exited, 0);
+    outputs.push({
+      args: ['events', '--follow'],
+      res: { code: 0, stdout: out, stderr: '' },
+      allowed: new Set(),
+    });
   });
 
   it('no secret or token in any output but the one command that created it', () => {
