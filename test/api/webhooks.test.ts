@@ -4,8 +4,9 @@
  * the test delivery with their 400s, 403 and 404s; the secret only in the create answer (never
  * in a list, a delivery or the agent's log); a receiver down for 30 s gets every event once it is
  * back, in order; a hanging receiver does not delay another; a kill -9 with undelivered events
- * delivers them after the restart; after the last attempt (24 h, the agent's clock moved by its
- * test hook) the events are given up, counted and shown, and delivery moves on.
+ * delivers them after the restart, and one just after deliveries sends again only a tail of
+ * them; after the last attempt (24 h, the agent's clock moved by its test hook) the events are
+ * given up, counted and shown, and delivery moves on.
  *
  * Events are made by creating and deleting throw-away webhooks (`webhook.created`,
  * `webhook.deleted`), whose filter matches nothing, so they make no deliveries of their own; the
@@ -305,6 +306,27 @@ describe('/v1/webhooks', { timeout: 240_000 }, () => {
     assertAllVerified(r);
     assert.deepEqual(made(r, id), expected, 'every event, once each, in order');
     assert.equal((await webhook(id)).delivery.pending, 0);
+    await agent.client.delete(`/v1/webhooks/${id}`, { token });
+  });
+
+  it('a kill -9 just after deliveries sends again at most their unwritten tail, and skips nothing', async () => {
+    const r = await receiver();
+    const id = await hookTo(r);
+    const expected = await makeEvents(10);
+    await eventually('all 20 arrive', async () => (made(r, id).length >= 20 ? true : undefined));
+    await agent.kill9();
+    await agent.restart();
+    expected.push(...(await makeEvents(1)));
+    await eventually('the events after the restart arrive', async () =>
+      new Set(made(r, id)).size >= 22 ? true : undefined,
+    );
+    assertAllVerified(r);
+    const got = made(r, id);
+    assert.deepEqual(got.slice(0, 20), expected.slice(0, 20), 'before the kill: each once, in order');
+    // After it: a tail of what was delivered (its cursor not yet written), then the new events.
+    const resent = got.length - 22;
+    assert.ok(resent >= 0 && resent <= 20, `${resent} sent again`);
+    assert.deepEqual(got.slice(20), [...expected.slice(20 - resent, 20), ...expected.slice(20)]);
     await agent.client.delete(`/v1/webhooks/${id}`, { token });
   });
 
