@@ -2,7 +2,8 @@
  * Webhooks (docs/events.md "Webhooks"), on real agent processes with real HTTP receivers whose
  * every signature is checked by the `standardwebhooks` library: create, list, read, delete and
  * the test delivery with their 400s, 403 and 404s; the secret only in the create answer (never
- * in a list, a delivery or the agent's log); a receiver down for 30 s gets every event once it is
+ * in a list, a delivery or the agent's log), and no secret of any kind in a delivery over a run
+ * that creates, rotates and revokes; a receiver down for 30 s gets every event once it is
  * back, in order; a hanging receiver does not delay another; a kill -9 with undelivered events
  * delivers them after the restart, and one just after deliveries sends again only a tail of
  * them; after the last attempt (24 h, the agent's clock moved by its test hook) the events are
@@ -213,6 +214,44 @@ describe('/v1/webhooks', { timeout: 240_000 }, () => {
     assert.equal(d.pending, 0);
     assert.equal(d.failing_since, null);
     await agent.client.delete(`/v1/webhooks/${id}`, { token });
+  });
+
+  it('no webhook body or header holds a secret, over a run that creates, rotates and revokes', async () => {
+    const r = await receiver();
+    const hook = await create({ url: r.url });
+    assert.equal(hook.status, 201, hook.text);
+    r.secret = hook.body.secret;
+    secrets.push(hook.body.secret);
+    const cred = await agent.client.post('/v1/credentials', { json: {}, token });
+    assert.equal(cred.status, 201, cred.text);
+    const rotated = await agent.client.post('/v1/cluster/credentials/rotate', { token });
+    assert.equal(rotated.status, 200, rotated.text);
+    const revoked = await agent.client.delete(`/v1/credentials/${cred.body.client_id}`, { token });
+    assert.equal(revoked.status, 200, revoked.text);
+    await makeEvents(1);
+    const types = () => r.events.map((e) => e.type);
+    await eventually('the events of the run arrive', async () =>
+      types().includes('webhook.deleted') ? true : undefined,
+    );
+    for (const t of [
+      'credential.created',
+      'cluster_credential.rotated',
+      'credential.revoked',
+      'webhook.created',
+    ]) {
+      assert.ok(types().includes(t), `${t} delivered: ${types().join(' ')}`);
+    }
+    assertAllVerified(r);
+    const everything = r.received.map((d) => JSON.stringify(d.headers) + d.body).join('\n');
+    const known = [...agent.client.secretsSeen];
+    assert.ok(known.length >= 5, `secrets known: ${known.length}`);
+    for (const secret of known) {
+      // A webhook secret also in its bare base64 form, the HMAC key's text.
+      for (const form of [secret, secret.replace(/^whsec_/, '')]) {
+        assert.ok(!everything.includes(form), `a delivery holds a secret (${form.slice(0, 8)}…)`);
+      }
+    }
+    assert.equal((await agent.client.delete(`/v1/webhooks/${hook.body.id}`, { token })).status, 200);
   });
 
   it('a receiver down for 30 s gets every event once back, in order, each signature verified', async () => {

@@ -6,9 +6,9 @@
 import type { Static } from '@sinclair/typebox';
 import { Type } from '@sinclair/typebox';
 import type { FastifyInstance } from 'fastify';
-import type { EventActor } from '../../events/event-log.js';
 import { MAX_TYPE_PREFIXES, MAX_URL_LENGTH, TYPE_PREFIX_FORMAT } from '../../webhooks/webhooks.js';
 import type { AppDeps } from '../app.js';
+import { requestActor } from '../authorize.js';
 import { Deleted, errorResponses, NullableString, NullableTimestamp, Timestamp } from '../schemas.js';
 
 const NullableInteger = Type.Unsafe<number | null>({ type: ['integer', 'null'] });
@@ -65,11 +65,6 @@ const WebhookTestResult = Type.Object({
 const idParams = Type.Object({ id: Type.String({ minLength: 1, maxLength: 256 }) });
 
 export function registerWebhookRoutes(app: FastifyInstance, deps: AppDeps): void {
-  const actor = (clientId: string | undefined): EventActor => ({
-    client_id: clientId ?? null,
-    agent: deps.identity.peerId,
-  });
-
   app.get(
     '/v1/webhooks',
     {
@@ -95,7 +90,7 @@ export function registerWebhookRoutes(app: FastifyInstance, deps: AppDeps): void
     },
     async (request, reply) => {
       const body = request.body as Static<typeof WebhookCreateBody>;
-      const created = deps.webhooks.create(body.url, body.types ?? [], actor(request.caller?.clientId));
+      const created = deps.webhooks.create(body.url, body.types ?? [], requestActor(deps.events, request));
       request.log.info({ webhook_id: created.id, types: created.types }, 'webhook created');
       return reply.code(201).send(created);
     },
@@ -126,7 +121,7 @@ export function registerWebhookRoutes(app: FastifyInstance, deps: AppDeps): void
     },
     async (request) => {
       const { id } = request.params as { id: string };
-      deps.webhooks.delete(id, actor(request.caller?.clientId));
+      deps.webhooks.delete(id, requestActor(deps.events, request));
       request.log.info({ webhook_id: id }, 'webhook deleted');
       return { deleted: true as const };
     },
@@ -144,6 +139,6 @@ export function registerWebhookRoutes(app: FastifyInstance, deps: AppDeps): void
       },
     },
     async (request) =>
-      deps.webhooks.test((request.params as { id: string }).id, actor(request.caller?.clientId)),
+      deps.webhooks.test((request.params as { id: string }).id, requestActor(deps.events, request)),
   );
 }
