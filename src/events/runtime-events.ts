@@ -17,6 +17,21 @@ import type { Logger } from 'pino';
 import type { ObservedEvent } from '../domain/observed-event.js';
 import type { EventLog, MeshEvent } from './event-log.js';
 
+/** Every runtime event type, as docs/events.md "Runtime events" lists them (a test checks). */
+export const RUNTIME_EVENT_TYPES = [
+  'peer.reachable',
+  'peer.unreachable',
+  'tunnel.up',
+  'tunnel.down',
+  'service.health_changed',
+  'service.failover',
+  'dataplane.drift_repaired',
+  'license.expiring',
+  'license.expired',
+  'license.limit_refused',
+  'auth.failures',
+] as const;
+
 /** A state kept per resource: its event types, the state an event says, and the state assumed. */
 interface StateFamily {
   types: readonly string[];
