@@ -686,6 +686,9 @@ describe('kernel port: RecordingKernel and LinuxKernel on one scenario', { timeo
       assert.equal(marked?.dev, 'veth-h0');
       assert.equal(marked?.prefix, '203.0.113.0/24');
       assert.equal(marked?.usable, true);
+      // An address of this host: a local route (explain: a packet from it has no input interface).
+      assert.equal((await one(real, { dst: '203.0.113.1' }))?.local, true);
+      assert.equal(marked?.local, undefined);
       // The far end goes down: the route is still there, the device has no carrier.
       ip('link', 'set', 'veth-h1', 'down');
       await eventually(

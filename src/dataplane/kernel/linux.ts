@@ -560,6 +560,7 @@ function routeAnswer(
     gateway: hop.gateway ?? null,
     prefix: canonicalPrefix(route.dst, hop.gateway),
     ...usable(hop.dev),
+    ...(route.type === 'local' ? { local: true } : {}),
   };
 }
 

@@ -155,6 +155,8 @@ export interface RouteAnswer {
   usable: boolean;
   /** The device's operstate, as the kernel names it (UP, DOWN, LOWERLAYERDOWN, UNKNOWN, ...). */
   operstate: string;
+  /** A `local` route: the destination is an address of this host. */
+  local?: boolean;
 }
 
 /** A kernel command that failed: the command line and what the tool printed. */
