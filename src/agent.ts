@@ -224,8 +224,9 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       generation: () => store.generation,
       peers: () => store.peers(),
       runtime: () => data?.dataplane?.ingressRuntime() ?? null,
+      kernelView: (packet, expected) => data?.dataplane?.kernelView(packet, expected) ?? null,
     });
-    const explainLocal = async (request: ExplainRequest) => explainer.explain(request);
+    const explainLocal = (request: ExplainRequest) => explainer.explain(request);
     const gossip = new Gossip({
       store,
       identity,

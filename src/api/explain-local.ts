@@ -15,7 +15,9 @@ import {
   type ExplainProtocol,
   type Explanation,
   type IngressRuntime,
+  type KernelView,
   RouteExplainer,
+  withKernel,
 } from '../dataplane/explain.js';
 import { applyProposal, type Proposal } from '../dataplane/explain-proposal.js';
 import { ApiError, invalidRequest } from '../domain/errors.js';
@@ -36,6 +38,8 @@ export interface LocalExplainDeps {
   peers(): readonly { id: string; isActive: boolean }[];
   /** The running data plane's ingress state; null where none runs. */
   runtime(): IngressRuntime | null;
+  /** The kernel's view of the packet (DataPlane.kernelView); null where no data plane runs. */
+  kernelView(packet: ExplainPacket, expected: string | null): Promise<KernelView> | null;
 }
 
 const PROTOCOLS: readonly ExplainProtocol[] = ['tcp', 'udp', 'icmp'];
@@ -176,7 +180,24 @@ export class LocalExplainer {
 
   constructor(private readonly deps: LocalExplainDeps) {}
 
-  explain(request: ExplainRequest, now = Date.now()): Explanation {
+  /**
+   * The ranking, and where a data plane runs the kernel's view: not for a proposed change (the
+   * kernel holds the configuration as it is). A kernel that cannot be asked is said, not fatal.
+   */
+  async explain(request: ExplainRequest, now = Date.now()): Promise<Explanation> {
+    const e = this.rank(request, now);
+    if (request.proposal) return e;
+    let view: Promise<KernelView> | null;
+    try {
+      view = this.deps.kernelView(request.packet, e.winner?.service_id ?? null);
+      if (view === null) return e;
+      return withKernel(e, await view);
+    } catch (err) {
+      return { ...e, kernel_difference: `the kernel could not be asked: ${(err as Error).message}` };
+    }
+  }
+
+  private rank(request: ExplainRequest, now: number): Explanation {
     const runtime = this.deps.runtime();
     const standby = runtime?.standby ?? new Set<string>();
     if (request.proposal) {

@@ -24,10 +24,10 @@ import { parsePeerAddress } from '../domain/peer-address.js';
 import { type TunnelMessage, type TunnelState, type TunnelTransport, wholeOf } from '../transports/tunnel.js';
 import { diff } from './diff.js';
 import { type ExitDestinations, ExitReach, type ExitReachVerdict } from './exit-reach.js';
-import type { IngressRuntime } from './explain.js';
+import type { IngressRuntime, KernelView } from './explain.js';
 import { HealthTracker, type HealthVerdict } from './health.js';
-import { AGENT_MARK, transparentSocketMark } from './kernel/ownership.js';
-import type { KernelChange, KernelPort, KernelState, Tun } from './kernel/port.js';
+import { AGENT_MARK, tableOf, transparentSocketMark } from './kernel/ownership.js';
+import type { KernelChange, KernelPort, KernelState, RouteQuery, RuleSpec, Tun } from './kernel/port.js';
 import { commandsOf, renderChange } from './kernel/render.js';
 import { decodeMessage, encodePacket, uuidBytes } from './packet-frames.js';
 import {
@@ -1541,6 +1541,54 @@ export class DataPlane {
     };
   }
 
+  /**
+   * Explain's kernel view of a packet at this ingress (explain.ts KernelView), read from the
+   * kernel: the input interface is the one the kernel routes the source by (none for an address
+   * of this host: its own packet), the lookup is `ip route get fibmatch DESTINATION from SOURCE
+   * [iif DEV]` with the policy rules, unmarked as a client's packet is; the TUN it answers names
+   * the service. Beside it, from one reading of the owned state: the first of the agent's rules
+   * the packet matches, the nftables lines it meets into that TUN, and what the reconciler would
+   * change for it (against the last plan). `expected`: the service the configuration selects.
+   */
+  async kernelView(
+    packet: { source: string; destination: string; protocol: string | null },
+    expected: string | null,
+  ): Promise<KernelView> {
+    const kernel = this.options.kernel;
+    const [toSource] = await kernel.routeGet([{ dst: packet.source }]);
+    const iif = toSource && !toSource.local ? toSource.dev : null;
+    const query: RouteQuery = { dst: packet.destination, from: packet.source, ...(iif ? { iif } : {}) };
+    const [[answer], owned] = await Promise.all([kernel.routeGet([query]), kernel.observe()]);
+    const ingress = [...this.carried.values()].filter((c) => c.service.role === 'ingress');
+    const into = answer ? ingress.find((c) => c.service.tun === answer.dev) : undefined;
+    const family = packet.destination.includes(':') ? 6 : 4;
+    const rule = owned.rules
+      .filter((r) => r.family === family && ruleHolds(r, packet.source, packet.destination, iif))
+      .sort((a, b) => a.pref - b.pref)[0];
+    // The slots whose state concerns the packet: the TUN it takes, and the one it should take.
+    const slots = [into, expected ? this.carried.get(expected) : undefined]
+      .filter((c): c is Carried => c !== undefined)
+      .map((c) => c.service);
+    const wanted = this.lastPlan?.kernel;
+    owned.links = owned.links.map((l) => (this.tunsToSetUp.has(l.name) ? { ...l, mtu: 0 } : l));
+    const repairs = wanted
+      ? diff(owned, wanted, this.nft)
+          .filter((c) => concerns(c, slots, packet, family))
+          .map(describeChange)
+      : [];
+    return {
+      lookup: `ip route get fibmatch ${query.dst} from ${query.from}${iif ? ` iif ${iif}` : ''}`,
+      iif,
+      route: answer
+        ? { dev: answer.dev, gateway: answer.gateway, prefix: answer.prefix, usable: answer.usable }
+        : null,
+      service_id: into?.service.serviceId ?? null,
+      rule: rule ? describeChange({ op: 'add', rule }).replace(/^ip -[46] rule add /, '') : null,
+      nft: into ? nftMet(owned.nft, into.service.tun, family, packet.protocol) : [],
+      repairs,
+    };
+  }
+
   /** Health changes since start, by the state or reason a service went to. */
   healthChangeCounts(): ReadonlyMap<string, number> {
     return this.healthChanges;
@@ -1798,6 +1846,60 @@ function describeChange(change: KernelChange): string {
   } catch {
     return `${change.op} ${Object.keys(change).find((k) => k !== 'op')}`;
   }
+}
+
+/** Whether a policy rule holds an unmarked packet from `src` to `dst` arriving on `iif` (null: this host's own). */
+function ruleHolds(r: RuleSpec, src: string, dst: string, iif: string | null): boolean {
+  if (r.fwmark && (0 & r.fwmark.mask) !== r.fwmark.value) return false;
+  // The packet's source port is not known: a rule on one (the API port's exclusion) is not taken.
+  if (r.ipproto !== undefined || r.sport !== undefined) return false;
+  if (r.iif !== undefined && r.iif !== (iif ?? 'lo')) return false;
+  return (r.from === undefined || cidrHolds(r.from, src)) && (r.to === undefined || cidrHolds(r.to, dst));
+}
+
+/** Whether a change the reconciler would make concerns a packet: its services' TUN and tables, or a rule holding it. */
+function concerns(
+  c: KernelChange,
+  services: readonly CarriedService[],
+  packet: { source: string; destination: string },
+  family: 4 | 6,
+): boolean {
+  if (c.op === 'nft') return true;
+  const mine = (table: number | 'main', dev?: string) =>
+    services.some((s) => table === tableOf(s.slot) || dev === s.tun);
+  if ('rule' in c)
+    return (
+      mine(c.rule.table) ||
+      (c.rule.family === family && ruleHolds(c.rule, packet.source, packet.destination, null))
+    );
+  if ('route' in c) return mine(c.route.table, c.route.dev);
+  if ('link' in c) return mine('main', c.link.name);
+  return mine('main', c.address.dev);
+}
+
+/**
+ * The lines of the agent's nftables listing (KernelState.nft: one per line, `chain NAME {` opening
+ * each chain) that a packet into `tun` meets: those naming that TUN, or every TUN, as where it
+ * goes (`oifname`, `fib daddr oifname`); never those for packets coming out of a TUN (`iifname`).
+ * Lines of the other family, and TCP's when the protocol is another, are left out.
+ */
+function nftMet(listing: string | null, tun: string, family: 4 | 6, protocol: string | null): string[] {
+  if (listing === null) return [];
+  const out: string[] = [];
+  let chain = '';
+  for (const line of listing.split('\n').map((l) => l.trim())) {
+    const opens = /^chain (\S+) \{$/.exec(line);
+    if (opens) {
+      chain = opens[1]!;
+      continue;
+    }
+    if (!line.includes(`"${tun}"`) && !line.includes('"mesh-t*"')) continue;
+    if (/iifname "mesh-t/.test(line)) continue;
+    if (line.includes(family === 4 ? 'ipv6' : 'ipv4')) continue;
+    if (protocol !== null && protocol !== 'tcp' && /\btcp\b/.test(line)) continue;
+    out.push(`${chain}: ${line}`);
+  }
+  return out;
 }
 
 /** A route's own network address, source and destination: where its traffic is asked about. */

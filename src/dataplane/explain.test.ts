@@ -9,7 +9,9 @@ import {
   type ExplainPacket,
   explain,
   type IngressRuntime,
+  type KernelView,
   RouteExplainer,
+  withKernel,
 } from './explain.js';
 import { applyProposal, PROPOSED_SERVICE_ID } from './explain-proposal.js';
 import type { HealthVerdict } from './health.js';
@@ -508,5 +510,57 @@ describe('explain: the work per packet (the latency target without timing)', () 
       );
     }
     assert.ok(ranked > 0);
+  });
+});
+
+describe("explain: the kernel's view against the configuration", () => {
+  const services = [service(S1, A, B), service(S2, A, C)];
+  const routes = [route(1, S1, 1, null, '10.92.0.0/16')];
+  const view = (extra: Partial<KernelView>): KernelView => ({
+    lookup: 'ip route get fibmatch 10.92.0.1 from 10.91.0.1 iif eth1',
+    iif: 'eth1',
+    route: { dev: 'mesh-t7', gateway: null, prefix: '0.0.0.0/0', usable: true },
+    service_id: S1,
+    rule: 'pref 22000 to 10.92.0.0/16 lookup 52007',
+    nft: [],
+    repairs: [],
+    ...extra,
+  });
+
+  it('agrees when the kernel takes the TUN of the service the configuration selects', () => {
+    const e = withKernel(
+      explain(config(services, routes), packet('10.91.0.1', '10.92.0.1'), runtime(), NOW),
+      view({}),
+    );
+    assert.equal(e.kernel_agrees, true);
+    assert.equal(e.kernel_difference, null);
+    assert.match(e.verdict, /the kernel agrees \(into service 1{8}.*'s tunnel \(mesh-t7\)\)$/);
+  });
+
+  it('disagrees, naming where the kernel sends it and what the reconciler will repair', () => {
+    const e = withKernel(
+      explain(config(services, routes), packet('10.91.0.1', '10.92.0.1'), runtime(), NOW),
+      view({
+        route: { dev: 'eth0', gateway: '10.91.0.254', prefix: '0.0.0.0/0', usable: true },
+        service_id: null,
+        rule: null,
+        repairs: ['ip -4 rule add pref 22000 to 10.92.0.0/16 lookup 52007'],
+      }),
+    );
+    assert.equal(e.kernel_agrees, false);
+    assert.equal(
+      e.kernel_difference,
+      `the configuration selects service ${S1} (route 1), but the kernel sends it out of eth0 via 10.91.0.254 (route 0.0.0.0/0), not into a tunnel; the reconciler will repair: ip -4 rule add pref 22000 to 10.92.0.0/16 lookup 52007`,
+    );
+    // Nothing selected, yet the kernel tunnels it: also a disagreement.
+    const none = withKernel(
+      explain(config(services, routes), packet('10.91.0.1', '10.93.0.1'), runtime(), NOW),
+      view({}),
+    );
+    assert.equal(none.kernel_agrees, false);
+    assert.match(
+      none.kernel_difference ?? '',
+      /^the configuration selects no service, but the kernel sends it into service/,
+    );
   });
 });

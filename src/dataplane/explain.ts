@@ -112,6 +112,28 @@ export interface ClosestRoute {
   why: string[];
 }
 
+/**
+ * What the kernel does with the packet, read from the kernel (DataPlane.kernelView): the route
+ * lookup as the packet would meet it, the first of the agent's policy rules it matches, the
+ * lines of the agent's nftables table it meets, and what the reconciler would change for it.
+ */
+export interface KernelView {
+  /** How the kernel was asked, in words (the `ip route get` line). */
+  lookup: string;
+  /** The input interface the lookup used (null: a packet of this host itself). */
+  iif: string | null;
+  /** The route the kernel matched; null: it has none (the packet is dropped, unreachable). */
+  route: { dev: string; gateway: string | null; prefix: string; usable: boolean } | null;
+  /** The service whose TUN the kernel sends the packet into; null: none of the agent's. */
+  service_id: string | null;
+  /** The first of the agent's own policy rules (prefs 21000-29999) the packet matches, as `ip rule` shows it. */
+  rule: string | null;
+  /** Lines of the agent's nftables table the packet meets on its way into that TUN, by chain. */
+  nft: string[];
+  /** Owned kernel state that differs from what the agent wants and concerns this packet, as the commands that repair it. */
+  repairs: string[];
+}
+
 export interface Explanation {
   agent: string;
   packet: ExplainPacket;
@@ -126,6 +148,12 @@ export interface Explanation {
   winner: ExplainWinner | null;
   /** Nothing selects it: the route that comes nearest, and why it does not match. */
   closest: ClosestRoute | null;
+  /** The kernel's own view; null without a data plane, or for a proposed change. */
+  kernel: KernelView | null;
+  /** Whether the kernel sends the packet where the configuration says; null when not asked. */
+  kernel_agrees: boolean | null;
+  /** What differs, when it does not. */
+  kernel_difference: string | null;
   verdict: string;
 }
 
@@ -250,6 +278,9 @@ export class RouteExplainer {
       ranking,
       winner: winnerView,
       closest,
+      kernel: null,
+      kernel_agrees: null,
+      kernel_difference: null,
       verdict: verdictLine(packet, winnerView, excluded, closest, runtime, now),
     };
   }
@@ -485,4 +516,33 @@ function verdictLine(
 export function canonicalAddress(text: string): { family: 4 | 6; text: string } | undefined {
   const ip = parseIp(text);
   return ip && { family: ip.family, text: formatIp(ip.bytes) };
+}
+
+/**
+ * The explanation with the kernel's view: whether the kernel sends the packet into the TUN of the
+ * service the configuration selects (or into none, when none is selected), and if not, what differs.
+ */
+export function withKernel(e: Explanation, kernel: KernelView): Explanation {
+  const expected = e.winner?.service_id ?? null;
+  const agrees = kernel.service_id === expected;
+  const goes = kernel.route
+    ? kernel.service_id
+      ? `into service ${kernel.service_id}'s tunnel (${kernel.route.dev})`
+      : `out of ${kernel.route.dev}${kernel.route.gateway ? ` via ${kernel.route.gateway}` : ''} (route ${kernel.route.prefix}), not into a tunnel`
+    : 'nowhere (no route)';
+  let difference: string | null = null;
+  if (!agrees) {
+    const wanted = expected
+      ? `service ${expected} (route ${e.winner?.route_id ?? '(proposed)'})`
+      : 'no service';
+    difference = `the configuration selects ${wanted}, but the kernel sends it ${goes}`;
+    if (kernel.repairs.length > 0) difference += `; the reconciler will repair: ${kernel.repairs.join('; ')}`;
+  }
+  return {
+    ...e,
+    kernel,
+    kernel_agrees: agrees,
+    kernel_difference: difference,
+    verdict: `${e.verdict}; ${agrees ? `the kernel agrees (${goes})` : `the kernel disagrees: ${difference}`}`,
+  };
 }

@@ -152,6 +152,44 @@ const Explanation = Type.Object({
     }),
     Type.Null(),
   ]),
+  kernel: Type.Union(
+    [
+      Type.Object({
+        lookup: Type.String({ description: 'the route lookup asked of the kernel' }),
+        iif: Nullable('string', 'the input interface of the lookup (null: a packet of this host itself)'),
+        route: Type.Union([
+          Type.Object({
+            dev: Type.String(),
+            gateway: Nullable('string'),
+            prefix: Type.String(),
+            usable: Type.Boolean(),
+          }),
+          Type.Null(),
+        ]),
+        service_id: Nullable(
+          'string',
+          "the service whose TUN the kernel sends it into; null: none of the agent's",
+        ),
+        rule: Nullable('string', "the first of the agent's policy rules the packet matches"),
+        nft: Type.Array(Type.String(), {
+          description: "lines of the agent's nftables table it meets, by chain",
+        }),
+        repairs: Type.Array(Type.String(), {
+          description:
+            'owned state differing from the wanted that concerns the packet, as the commands that repair it',
+        }),
+      }),
+      Type.Null(),
+    ],
+    {
+      description: "the kernel's own view, where a data plane runs; null otherwise and for a proposed change",
+    },
+  ),
+  kernel_agrees: Nullable('boolean', 'the kernel sends the packet where the configuration says'),
+  kernel_difference: Nullable(
+    'string',
+    'what differs when it does not (or why the kernel could not be asked)',
+  ),
   verdict: Type.String({ description: 'the answer in one line' }),
 });
 
