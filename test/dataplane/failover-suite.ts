@@ -2,12 +2,16 @@
  * Failover between two exits (docs/dataplane.md): two services from the ingress to two exits
  * with the same route, the first preferred. For each fault of the first exit, new connections
  * go through the second within seconds, and so does a UDP flow (its source port unchanged);
- * when the fault is gone, traffic returns to the first only after the hold-down. That streams
+ * when the fault is gone, traffic returns to the first only after the hold-down; the ingress's
+ * event log holds one `service.failover` each way and the health change pair of each switch
+ * (docs/events.md "Runtime events"), and nothing of the kind under loss; the ingress's nftables
+ * table deleted behind its back comes back with one `dataplane.drift_repaired`. That streams
  * through a failed exit end with an error is checked in traffic-suite ("never a hang") and
  * timed by bench/failover.
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
+import { eventsOf } from '../helpers/event-reads.js';
 import {
   APPS,
   createService,
@@ -82,6 +86,19 @@ export function failoverSuite(transport: 'tcp' | 'kcp'): void {
       return { echoes: () => echoes, stop: () => flow.kill() };
     };
 
+    /** The ingress's newest event seq: what a trial's events come after. */
+    const lastSeq = async () => (await eventsOf(mesh.ingress)).at(-1)?.seq ?? 0;
+
+    /** The ingress's failover and health events after `since`, as [type, service, details]. */
+    const switches = async (since: number) =>
+      (await eventsOf(mesh.ingress, { type: 'service.', since }))
+        .filter((e) => e.type === 'service.failover' || e.type === 'service.health_changed')
+        .map((e) =>
+          e.type === 'service.failover'
+            ? [e.type, e.resource.id, e.data.from_service, e.data.to_service, e.data.reason]
+            : [e.type, e.resource.id, e.data.state, e.data.reason],
+        );
+
     /**
      * One fault of the first exit: traffic through it, a UDP flow through it, the fault; then new
      * connections and the flow through the second exit, the service unhealthy for `reason`; then
@@ -103,6 +120,7 @@ export function failoverSuite(transport: 'tcp' | 'kcp'): void {
         },
         10_000,
       );
+      const since = await lastSeq();
       await inject();
       const faultAt = performance.now();
       const logAtFault = mesh.destLog().length;
@@ -150,10 +168,23 @@ export function failoverSuite(transport: 'tcp' | 'kcp'): void {
         backMs >= HOLD_DOWN_MS * 0.5,
         `${name}: back after ${backMs.toFixed(0)} ms, before the hold-down`,
       );
+      // Once per switch each way: unhealthy and away to the second, healthy and back.
+      await until(
+        `${name}: the ingress's events of the switch`,
+        async () =>
+          assert.deepEqual(await switches(since), [
+            ['service.health_changed', first, 'unhealthy', reason],
+            ['service.failover', first, first, second, reason],
+            ['service.health_changed', first, 'healthy', null],
+            ['service.failover', first, second, first, 'healthy'],
+          ]),
+        10_000,
+      );
     }
 
     it('the first exit killed (kill -9): moves, and returns after the hold-down once it is back', async () => {
       const { ingress, exit } = mesh;
+      const since = await lastSeq();
       await trial(
         'kill -9',
         'tunnel_silent',
@@ -173,6 +204,15 @@ export function failoverSuite(transport: 'tcp' | 'kcp'): void {
         new RegExp(`^mesh_dataplane_service_carrying\\{service_id="${second}"\\} 1$`, 'm'),
       );
       assert.match(metrics, /^mesh_dataplane_service_health_changes_total\{to="tunnel_silent"\} [1-9]/m);
+      // The tunnel to the killed exit went down and came back up: a down, then an up, in pairs.
+      const tunnel = (await eventsOf(ingress, { type: 'tunnel.', resource: exit.peerId, since })).map(
+        (e) => `${e.type} ${e.data.transport}`,
+      );
+      assert.ok(tunnel.length >= 2, tunnel.join());
+      assert.deepEqual(
+        tunnel,
+        tunnel.map((_, i) => (i % 2 === 0 ? `tunnel.down ${transport}` : `tunnel.up ${transport}`)),
+      );
     });
 
     it('the first exit hung (SIGSTOP: its tunnel silent, not closed)', async () => {
@@ -246,6 +286,7 @@ export function failoverSuite(transport: 'tcp' | 'kcp'): void {
         );
       await until('through the first exit', async () => assert.equal(await seenFrom(), IP.exitOut), 30_000);
       const before = changes(await metrics());
+      const since = await lastSeq();
       for (const [ns, dev] of lossy) {
         const nft = (...args: string[]) => topo.run(ns, 'nft', args);
         await nft('add', 'table', 'inet', 'mdfo_loss');
@@ -283,6 +324,7 @@ export function failoverSuite(transport: 'tcp' | 'kcp'): void {
         for (const [ns] of lossy)
           await topo.run(ns, 'nft', ['delete', 'table', 'inet', 'mdfo_loss']).catch(() => '');
       }
+      assert.deepEqual(await switches(since), [], 'no failover or health event under 5 % loss');
       // The loss was real: the exit dropped packets both ways.
       const counts = [...dropped.matchAll(/packets (\d+)/g)].map((m) => Number(m[1]));
       assert.equal(counts.length, 2, dropped);
@@ -291,6 +333,30 @@ export function failoverSuite(transport: 'tcp' | 'kcp'): void {
         `nothing dropped: ${dropped}`,
       );
       console.log(`# 5 % loss for 60 s: no switch; the first exit dropped ${counts.join(' in, ')} out`);
+    });
+
+    it("the ingress's nftables table deleted behind its back: put back, one dataplane.drift_repaired", async () => {
+      const { topo, ingress } = mesh;
+      await until('through the first exit', async () => assert.equal(await seenFrom(), IP.exitOut), 30_000);
+      const since = await lastSeq();
+      await topo.run(topo.ns.ingress, 'nft', ['delete', 'table', 'inet', 'mesh_agent']);
+      const repairs = async () => eventsOf(ingress, { type: 'dataplane.', since });
+      // Found by the reconcile timer (every 10 s).
+      await until(
+        'the drift repaired',
+        async () => {
+          const [repair, ...more] = await repairs();
+          assert.deepEqual(more, []);
+          assert.equal(repair?.type, 'dataplane.drift_repaired');
+          assert.deepEqual(repair.data.repaired, ['nft: table replaced']);
+        },
+        30_000,
+      );
+      await topo.run(topo.ns.ingress, 'nft', ['list', 'table', 'inet', 'mesh_agent']);
+      // The reconciles after it find nothing to repair.
+      await new Promise((resolve) => setTimeout(resolve, 12_000));
+      assert.equal((await repairs()).length, 1);
+      await until('through the first exit', async () => assert.equal(await seenFrom(), IP.exitOut), 30_000);
     });
 
     it("the first exit healthy but its probe's target blocked (health_check)", async () => {
