@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, it } from 'node:test';
 import { Store } from './store.js';
-import { MAX_COUNTED } from './webhook-table.js';
+import { MAX_COUNTED, progressOf } from './webhook-table.js';
 
 const open = () => new Store(join(mkdtempSync(join(tmpdir(), 'webhook-table-')), 'db'));
 const T = '2026-01-01T00:00:00.000Z';
@@ -61,14 +61,7 @@ describe('WebhookTable queues', () => {
     let store = new Store(join(dir, 'db'));
     const base = { id: 'wh_1', url: 'http://127.0.0.1/', types: ['peer.'], secret: 'whsec_x', createdAt: T };
     store.webhookTable.insert({ ...base, cursor: 7 });
-    const {
-      id: _i,
-      url: _u,
-      types: _t,
-      secret: _s,
-      createdAt: _c,
-      ...progress
-    } = store.webhookTable.get('wh_1')!;
+    const progress = progressOf(store.webhookTable.get('wh_1')!);
     assert.equal(store.webhookTable.saveProgress('wh_1', { ...progress, cursor: 9, failures: 2 }), true);
     store.close();
     store = new Store(join(dir, 'db'));

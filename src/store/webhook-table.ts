@@ -33,6 +33,12 @@ export interface WebhookRecord {
 /** What a delivery attempt changes in a row. */
 export type WebhookProgress = Omit<WebhookRecord, 'id' | 'url' | 'types' | 'secret' | 'createdAt'>;
 
+/** The part of a webhook that its deliveries change, as saveProgress() takes it. */
+export function progressOf(w: WebhookRecord): WebhookProgress {
+  const { id: _id, url: _url, types: _types, secret: _secret, createdAt: _createdAt, ...progress } = w;
+  return progress;
+}
+
 interface WebhookRow {
   id: string;
   url: string;

@@ -10,6 +10,7 @@ import { WebhookReceiver } from '../../test/helpers/webhook-receiver.js';
 import { isoTime, ManualClock } from '../domain/clock.js';
 import { EventLog } from '../events/event-log.js';
 import { Store } from '../store/store.js';
+import { progressOf } from '../store/webhook-table.js';
 import { typeMatches, WebhookDispatcher } from './dispatcher.js';
 import { GIVE_UP_AFTER_MS } from './retry-schedule.js';
 import { WebhookMetrics } from './webhook-metrics.js';
@@ -116,14 +117,7 @@ describe('WebhookDispatcher', () => {
     const file = first.store.db.name;
     const written = first.store.webhookTable.get(hook.id)!.cursor;
     await first.dispatcher.stop();
-    const {
-      id: _i,
-      url: _u,
-      types: _t,
-      secret: _s,
-      createdAt: _c,
-      ...held
-    } = first.store.webhookTable.get(hook.id)!;
+    const held = progressOf(first.store.webhookTable.get(hook.id)!);
     first.store.webhookTable.saveProgress(hook.id, { ...held, cursor: written });
     first.store.close();
 

@@ -12,7 +12,7 @@
 import type { Logger } from 'pino';
 import { type Clock, isoTime } from '../domain/clock.js';
 import type { EventLog, MeshEvent } from '../events/event-log.js';
-import type { WebhookRecord, WebhookTable } from '../store/webhook-table.js';
+import { progressOf, type WebhookRecord, type WebhookTable } from '../store/webhook-table.js';
 import { attemptDelivery, DeliveryAgents } from './delivery.js';
 import { giveUpAt, nextAttemptAt } from './retry-schedule.js';
 import type { WebhookMetrics } from './webhook-metrics.js';
@@ -254,8 +254,7 @@ class EndpointWorker {
     if (!w || !this.unwritten) return;
     this.unwritten = false;
     this.lastWriteAt = performance.now();
-    const { id, url: _url, types: _types, secret: _secret, createdAt: _createdAt, ...progress } = w;
-    if (!this.deps.table.saveProgress(id, progress)) {
+    if (!this.deps.table.saveProgress(w.id, progressOf(w))) {
       this.stopped = true;
       this.current = undefined;
     }
