@@ -6,8 +6,7 @@
  * cursor after successes at most once a second (PROGRESS_WRITE_MS), so a restart (kill -9
  * included) goes on from at most a second's deliveries back: those, and an attempt that was under
  * way, are sent again (at least once; receivers dedupe by `webhook-id`). Nothing undelivered is
- * ever skipped.
- * Built and stopped by the agent (src/agent.ts); webhooks.ts tells it of endpoints made and deleted.
+ * ever skipped. Built and stopped by the agent (src/agent.ts); webhooks.ts tells it of endpoints made and deleted.
  */
 import type { Logger } from 'pino';
 import { type Clock, isoTime } from '../domain/clock.js';
@@ -22,7 +21,7 @@ export const typeMatches = (prefixes: readonly string[], type: string): boolean 
   prefixes.length === 0 || prefixes.some((p) => type.startsWith(p));
 
 /**
- * A worker sleeps at most this long between looks at its row: the retry waits reach 6 h, and a
+ * A worker sleeps at most this long between looks at the clock: the retry waits reach 6 h, and a
  * timer that long would not notice the clock moving under it.
  */
 const MAX_SLEEP_MS = 60_000;
