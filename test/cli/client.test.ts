@@ -754,7 +754,7 @@ describe('mesh-agent client commands', { timeout: 180_000 }, () => {
     });
     const exited = new Promise<number | null>((r) => child.on('close', r));
     try {
-      await ok(['peers', 'rename', b.peerId, 'followed']);
+      await ok(['peers', 'rename', aPeerId, 'followed']);
       await eventually('the followed event', async () => (out.includes('"peer.renamed"') ? true : undefined));
       const followed = out
         .trim()

@@ -14,6 +14,8 @@ export interface SseMessage {
   id: string | undefined;
   event: string;
   data: string;
+  /** performance.now() when its last line arrived. */
+  receivedAt: number;
 }
 
 export class SseClient {
@@ -81,7 +83,7 @@ export class SseClient {
     for (let cut = this.pending.indexOf('\n\n'); cut >= 0; cut = this.pending.indexOf('\n\n')) {
       const block = this.pending.slice(0, cut);
       this.pending = this.pending.slice(cut + 2);
-      const msg: SseMessage = { id: undefined, event: 'message', data: '' };
+      const msg: SseMessage = { id: undefined, event: 'message', data: '', receivedAt: performance.now() };
       let hasData = false;
       for (const line of block.split('\n')) {
         if (line.startsWith(':')) {

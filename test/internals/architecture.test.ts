@@ -28,8 +28,9 @@ const ALLOWED: Record<string, string[]> = {
   domain: ['domain'],
   store: ['domain', 'store'],
   license: ['domain', 'license'],
-  auth: ['domain', 'store', 'auth'],
-  cluster: ['domain', 'store', 'auth', 'license', 'cluster'],
+  // auth and cluster record config events of their writes (docs/events.md).
+  auth: ['domain', 'store', 'events', 'auth'],
+  cluster: ['domain', 'store', 'auth', 'license', 'events', 'cluster'],
   native: ['native'],
   transports: ['domain', 'native', 'transports'],
   dataplane: ['domain', 'transports', 'native', 'dataplane'],
