@@ -96,12 +96,15 @@ export class Replica {
    * its event, and a refused one (it throws) has none.
    */
   change<T>(key: string, actor: EventActor, write: () => T): T {
-    return this.store.transaction(() => {
+    const run = () => {
       const before = this.events && this.held(key);
       const result = write();
       this.noteChange(key, before, actor);
       return result;
-    });
+    };
+    // Inside a transaction already (every caller but one), it is atomic with it: a savepoint
+    // of its own would cost a write a fifth more (bench/events/write-cost.ts).
+    return this.store.db.inTransaction ? run() : this.store.transaction(run);
   }
 
   /** Records the event of the change from `before` to what is held at `key` now, if it changed. */
@@ -201,27 +204,22 @@ export class Replica {
   held(key: string): WireRecord | undefined {
     const parts = splitKey(key);
     if (!parts) return undefined;
-    const state = this.store.agentState();
-    if (!state) return undefined;
-    const tomb = this.store.tombstone(key);
-    switch (parts.kind) {
-      case 'cluster':
-        return clusterRecord(state.clusterId, state.clusterCreatedBy, state.clusterVkey);
-      case 'credential':
-        return credentialRecord(this.store.clusterSecrets(), state.credentialVkey);
-      case 'peer': {
-        const p = this.store.peer(parts.id);
-        return p ? peerRecord(p) : tomb && { key, vkey: tomb.vkey, body: null };
-      }
-      case 'service': {
-        const s = this.store.service(parts.id);
-        return s ? serviceRecord(s) : tomb && { key, vkey: tomb.vkey, body: null };
-      }
-      case 'route': {
-        const r = this.store.route(Number(parts.id));
-        return r ? routeRecord(r) : tomb && { key, vkey: tomb.vkey, body: null };
-      }
+    if (parts.kind === 'cluster' || parts.kind === 'credential') {
+      const state = this.store.agentState();
+      if (!state) return undefined;
+      return parts.kind === 'cluster'
+        ? clusterRecord(state.clusterId, state.clusterCreatedBy, state.clusterVkey)
+        : credentialRecord(this.store.clusterSecrets(), state.credentialVkey);
     }
+    const live =
+      parts.kind === 'peer'
+        ? mapDefined(this.store.peer(parts.id), peerRecord)
+        : parts.kind === 'service'
+          ? mapDefined(this.store.service(parts.id), serviceRecord)
+          : mapDefined(this.store.route(Number(parts.id)), routeRecord);
+    if (live) return live;
+    const tomb = this.store.tombstone(key);
+    return tomb && { key, vkey: tomb.vkey, body: null };
   }
 
   /** Wall time before which tombstones have left the digest. */
@@ -461,6 +459,9 @@ export class Replica {
 }
 
 // --- conversions ---------------------------------------------------------------------------------
+
+const mapDefined = <A, B>(a: A | undefined, f: (a: A) => B): B | undefined =>
+  a === undefined ? undefined : f(a);
 
 export const peerRank = (p: { isActive: boolean }): number =>
   p.isActive ? PEER_RANK.active : PEER_RANK.inactive;
