@@ -6,6 +6,7 @@
  * stream does not hold up a stop; bad cursors and limits are 400 in the documented shape.
  */
 import assert from 'node:assert/strict';
+import { connect } from 'node:net';
 import { after, before, describe, it } from 'node:test';
 import { AgentProcess } from '../helpers/agent-process.js';
 import { assertError } from '../helpers/api-assertions.js';
@@ -208,6 +209,53 @@ describe('event log: across agents, streams, retention and crashes', () => {
       'then every kept event, once, in order',
     );
     stream.close();
+  });
+
+  it('sends a heartbeat comment every 15 s on an idle stream', async () => {
+    const stream = await SseClient.open(a.agent.url, { token: a.token, query: 'type=nothing.matches' });
+    const opened = stream.comments;
+    await sleep(15_500);
+    assert.ok(stream.comments >= opened + 1, `${stream.comments - opened} heartbeats in 15.5 s`);
+    assert.equal(stream.messages.length, 0);
+    stream.close();
+  });
+
+  it('cuts off a reader that does not read, which then resumes with Last-Event-ID', async () => {
+    // A raw socket that never reads: the kernel's buffers fill, then the agent's 4 MiB bound.
+    const socket = connect(a.agent.port, '127.0.0.1');
+    await new Promise<void>((r) => socket.once('connect', () => r()));
+    socket.write(`GET /v1/events/stream HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${a.token}\r\n\r\n`);
+    socket.pause();
+    const closed = new Promise<void>((r) => socket.once('end', () => r()));
+    // 40,000 events of about 550 bytes: more than the kernel's buffers and the agent's bound.
+    for (let k = 0; k < 40; k++) {
+      const routes = Array.from({ length: 1000 }, (_, i) => ({
+        priority: i,
+        dest_cidr: `10.${100 + k}.${i >> 8}.${i & 255}/32`,
+      }));
+      const res = await a.agent.client.post(`/v1/services/${serviceId}/routes`, {
+        token: a.token,
+        json: { routes },
+      });
+      assert.equal(res.status, 201, res.text);
+    }
+    // Without the cut-off the stream would stay open and this would time out.
+    let received = 0;
+    socket.on('data', (c: Buffer) => {
+      received += c.length;
+    });
+    socket.resume();
+    await closed;
+    assert.ok(received < 40_000 * 500, `${received} bytes: cut off before it all`);
+    socket.destroy();
+    // The agent still serves other streams and writes.
+    const other = await SseClient.open(a.agent.url, {
+      token: a.token,
+      lastEventId: '0',
+      query: 'type=credential.',
+    });
+    await other.waitFor(1);
+    other.close();
   });
 
   it('an open stream ends when the agent stops, and the stop is prompt', async () => {
