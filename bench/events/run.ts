@@ -23,8 +23,7 @@
  * Environment: LATENCY_N (200), BURSTS (20), WRITES (300), ROUNDS (4), BENCH_BASELINE.
  * Output: a summary on stdout and JSON in bench/results/events-<timestamp>.json.
  */
-import { mkdirSync, mkdtempSync, statSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { mkdirSync, mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { systemClock } from '../../src/domain/clock.js';
@@ -135,7 +134,8 @@ async function latencyAndRate(): Promise<void> {
 }
 
 function storeGrowth(): void {
-  const dir = mkdtempSync(join(tmpdir(), 'bench-events-store-'));
+  // On the repo's disk, like the agent's data dir (tmpfs would hide the fsyncs).
+  const dir = mkdtempSync(join(REPO_ROOT, 'bench/results/events-store-'));
   const file = join(dir, 'db');
   const store = new Store(file);
   const log = new EventLog(store, '7c1e94b0a1d24e0f8f0c2c4b9e6a1d3f', systemClock);
@@ -172,6 +172,7 @@ function storeGrowth(): void {
   const ms = performance.now() - t0;
   const after = size();
   store.close();
+  rmSync(dir, { recursive: true, force: true });
   result.store = {
     events: N,
     bytes_per_100k: after - before,

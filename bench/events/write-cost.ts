@@ -10,7 +10,7 @@
  *
  * Run: node dist/bench/events/write-cost.js  (WRITES per round 500, ROUNDS 6)
  */
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { HybridClock } from '../../src/cluster/hlc.js';
@@ -41,8 +41,12 @@ const peer = (id: string) => ({
   vkey: '',
 });
 
+const dirs: string[] = [];
+
 function setup(withLog: boolean) {
-  const store = new Store(join(mkdtempSync(join(REPO_ROOT, 'bench/results/events-cost-')), 'db'));
+  const dir = mkdtempSync(join(REPO_ROOT, 'bench/results/events-cost-'));
+  dirs.push(dir);
+  const store = new Store(join(dir, 'db'));
   // SYNC=OFF: no fsync, so what is left is the CPU and the pages written.
   if (process.env.SYNC === 'OFF') store.db.pragma('synchronous = OFF');
   // The replica reads records only on a bootstrapped store: an agent state with dummy values.
@@ -104,6 +108,7 @@ for (let r = 0; r < ROUNDS * 2; r++) {
 }
 const events = parts.with.store.eventTable.lastSeq();
 for (const p of Object.values(parts)) p.store.close();
+for (const dir of dirs) rmSync(dir, { recursive: true, force: true });
 const w = median(perWriteUs.with);
 const wo = median(perWriteUs.without);
 process.stdout.write(
