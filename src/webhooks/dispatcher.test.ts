@@ -159,4 +159,43 @@ describe('WebhookDispatcher', () => {
       Array.from({ length: resent.length }, (_, i) => written + 1 + i),
     );
   });
+
+  it('starts a worker again after its store failed under it, and goes on from its queue', async () => {
+    const clock = new ManualClock();
+    const { store, events, dispatcher, webhooks } = parts(clock);
+    const r = await WebhookReceiver.open();
+    receivers.push(r);
+    dispatcher.start();
+    const hook = webhooks.create(r.url, ['bench.'], ACTOR);
+    r.secret = hook.secret;
+    // The first write of progress fails, as on a full disk.
+    const table = store.webhookTable;
+    const save = table.saveProgress.bind(table);
+    let failures = 0;
+    table.saveProgress = (id, p) => {
+      if (failures++ === 0) throw new Error('SQLITE_FULL: database or disk is full');
+      return save(id, p);
+    };
+    const recorded = [0, 1, 2].map((i) =>
+      events.record({ type: 'bench.happened', resource: { kind: 'bench', id: String(i) }, data: {} }),
+    );
+    await waitUntil(
+      'all three arrive after the restart',
+      () => new Set(r.events.map((e) => e.seq)).size >= 3,
+      15_000,
+    );
+    await dispatcher.stop();
+    const seqs = r.events.map((e) => e.seq as number);
+    // The first was delivered, its write failed, so it is sent again: at least once, in order.
+    assert.deepEqual(
+      [...new Set(seqs)],
+      recorded.map((e) => e.seq),
+    );
+    assert.deepEqual(
+      seqs,
+      [...seqs].sort((a, b) => a - b),
+    );
+    assert.equal(table.get(hook.id)?.cursor, recorded[2]!.seq);
+    store.close();
+  });
 });

@@ -25,6 +25,8 @@ export const typeMatches = (prefixes: readonly string[], type: string): boolean 
  * timer that long would not notice the clock moving under it.
  */
 const MAX_SLEEP_MS = 60_000;
+/** How long a worker that failed waits before it is started again. */
+const WORKER_RESTART_MS = 5000;
 /** Events given up per read when an endpoint's deadline passes for many at once. */
 const GIVE_UP_BATCH = 1000;
 /**
@@ -67,7 +69,14 @@ export class WebhookDispatcher {
     const worker = new EndpointWorker(w.id, w.types, this.deps, this.agents);
     this.workers.set(w.id, worker);
     worker.run().catch((err: unknown) => {
-      this.deps.logger.error({ err, webhook_id: w.id }, 'webhook worker failed');
+      // A store that failed under it (disk full, say): its queue is intact in the store, so a
+      // new worker goes on from there once the store may answer again.
+      this.deps.logger.error({ err, webhook_id: w.id }, 'webhook worker failed; restarting it');
+      setTimeout(() => {
+        if (this.workers.get(w.id) !== worker) return;
+        this.workers.delete(w.id);
+        this.added(w);
+      }, WORKER_RESTART_MS).unref();
     });
   }
 
