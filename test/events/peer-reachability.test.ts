@@ -3,7 +3,8 @@
  * agent of three killed with SIGKILL is recorded `peer.unreachable` exactly once by each of the
  * others, within the failure detector's time, and `peer.reachable` exactly once after it comes
  * back, with nothing in between and nothing about the agents that stayed up; the agent that came
- * back records nothing about the others.
+ * back records nothing about the others. An observer that restarts while the peer is down neither
+ * repeats `peer.unreachable` nor misses the peer's return (its log is its memory).
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
@@ -91,5 +92,36 @@ describe('runtime events: a peer killed and back', { timeout: 120_000 }, () => {
     t.diagnostic(
       `unreachable after ${unreachableMs.join(', ')} ms; reachable ${reachableMs} ms after restart`,
     );
+  });
+
+  it('the observer restarts meanwhile: its log is not repeated, and the return is recorded once', async () => {
+    const [a, b, c] = nodes as [Node, Node, Node];
+    const mark = new Map<Node, number>();
+    for (const n of [a, b]) mark.set(n, (await eventsOf(n)).at(-1)?.seq ?? 0);
+    const about = async (n: Node, peer: Node) =>
+      (await eventsOf(n, { type: 'peer.', resource: peer.peerId, since: mark.get(n)! }))
+        .filter((e) => e.type === 'peer.reachable' || e.type === 'peer.unreachable')
+        .map((e) => e.type);
+
+    await c.agent.kill9();
+    await eventually('A records C unreachable', async () =>
+      (await about(a, c)).length === 1 ? true : undefined,
+    );
+    // A goes down while C is down, and C comes back while A is down: A never sees C return.
+    await a.agent.stop();
+    await c.agent.restart();
+    await eventually('B records C reachable', async () =>
+      (await about(b, c)).length === 2 ? true : undefined,
+    );
+    await a.agent.restart();
+    // A's first contact with C after its restart corrects the log's last word on C.
+    await eventually('A records C reachable', async () =>
+      (await about(a, c)).length === 2 ? true : undefined,
+    );
+    await new Promise((r) => setTimeout(r, 20 * GOSSIP_INTERVAL_MS));
+    assert.deepEqual(await about(a, c), ['peer.unreachable', 'peer.reachable']);
+    assert.deepEqual(await about(a, b), [], 'B stayed up: nothing about it');
+    assert.deepEqual(await about(b, c), ['peer.unreachable', 'peer.reachable']);
+    assert.deepEqual(await about(b, a), ['peer.unreachable', 'peer.reachable']);
   });
 });
