@@ -113,7 +113,16 @@ iifname "mesh-t7" oifname != "mesh-t7" masquerade
 }`;
 
 const T7 = { name: 'mesh-t7', kind: 'tun' as const, mtu: 1400 };
-const M3 = { name: 'mesh-m3', kind: 'macvlan' as const, parent: 'veth-x', mtu: 1450 };
+// MACVLANs are made with their MAC (the agent's are derived from the service id): one the kernel
+// picked at random would differ between the real kernel and the recording one.
+const M3 = {
+  name: 'mesh-m3',
+  kind: 'macvlan' as const,
+  parent: 'veth-x',
+  mac: '02:00:00:00:00:03',
+  mtu: 1450,
+};
+const M4_MAC = '02:00:00:00:00:04';
 const addr = (dev: string, cidr: string) => ({ dev, cidr });
 const v4 = (pref: number, table: number | 'main', more: Partial<RuleSpec> = {}): RuleSpec => ({
   family: 4,
@@ -273,15 +282,15 @@ const STEPS: Step[] = [
   {
     name: 'an existing link',
     changes: [add(M3)],
-    fails: 'ip link add link veth-x name mesh-m3 type macvlan mode bridge',
+    fails: 'ip link add link veth-x name mesh-m3 address 02:00:00:00:00:03 type macvlan mode bridge',
     expect: () => {},
   },
   {
     name: 'a MACVLAN above its parent MTU: created, then refused at the MTU line',
-    changes: [add({ name: 'mesh-m4', kind: 'macvlan', parent: 'veth-x', mtu: 9000 }), add(T7)],
+    changes: [add({ name: 'mesh-m4', kind: 'macvlan', parent: 'veth-x', mac: M4_MAC, mtu: 9000 }), add(T7)],
     fails: 'ip link set mesh-m4 mtu 9000 up',
     expect: (s) => {
-      s.links.push({ name: 'mesh-m4', kind: 'macvlan', parent: 'veth-x', mtu: 1500 });
+      s.links.push({ name: 'mesh-m4', kind: 'macvlan', parent: 'veth-x', mac: M4_MAC, mtu: 1500 });
     },
   },
   {
@@ -357,7 +366,7 @@ const STEPS: Step[] = [
       { op: 'nft', ruleset: RULESET_SMALL },
     ],
     expect: (s) => {
-      without(s.links, { name: 'mesh-m4', kind: 'macvlan', parent: 'veth-x', mtu: 1500 });
+      without(s.links, { name: 'mesh-m4', kind: 'macvlan', parent: 'veth-x', mac: M4_MAC, mtu: 1500 });
       without(s.rules, RULES[5]!, RULES[12]!);
       without(s.routes, ROUTES[7]!, ROUTES[0]!);
       without(s.addresses, ADDRESSES[3]!);
@@ -557,7 +566,7 @@ describe('kernel port: RecordingKernel and LinuxKernel on one scenario', { timeo
         list.some((x) => JSON.stringify(canonicalOrder(x)) === JSON.stringify(canonicalOrder(item))),
         `${JSON.stringify(item)} not in ${JSON.stringify(list)}`,
       );
-    has(s.links, { name: 'mesh-m3', kind: 'macvlan', parent: 'veth-x', mtu: 1450 });
+    has(s.links, { name: 'mesh-m3', kind: 'macvlan', parent: 'veth-x', mac: '02:00:00:00:00:03', mtu: 1450 });
     has(s.addresses, { dev: 'mesh-m3', cidr: 'fd00:91:2::50/64' });
     has(s.addresses, { dev: 'mesh-t7', cidr: '100.64.0.1/32' });
     has(s.routes, { family: 4, table: 52007, dst: '10.3.0.1/32', dev: 'mesh-t7' });
