@@ -104,14 +104,27 @@ describe('runtime events: a peer killed and back', { timeout: 120_000 }, () => {
         .map((e) => e.type);
 
     await c.agent.kill9();
-    await eventually('A records C unreachable', async () =>
-      (await about(a, c)).length === 1 ? true : undefined,
-    );
+    // Both see C dead before A stops: otherwise C may return within B's suspicion, which is
+    // no change of reachability for B, and nothing to record.
+    for (const n of [a, b]) {
+      await eventually(`${n.peerId} records C unreachable`, async () =>
+        (await about(n, c)).length === 1 ? true : undefined,
+      );
+    }
     // A goes down while C is down, and C comes back while A is down: A never sees C return.
     await a.agent.stop();
     await c.agent.restart();
-    await eventually('B records C reachable', async () =>
-      (await about(b, c)).length === 2 ? true : undefined,
+    await eventually(
+      'B records C reachable',
+      async () => ((await about(b, c)).length === 2 ? true : undefined),
+      15_000,
+      async () => ({
+        events: await about(b, c),
+        peers: await b.agent.client.get('/v1/peers', { token: b.token }),
+      }),
+    );
+    await eventually('B records A unreachable', async () =>
+      (await about(b, a)).length === 1 ? true : undefined,
     );
     await a.agent.restart();
     // A's first contact with C after its restart corrects the log's last word on C.
