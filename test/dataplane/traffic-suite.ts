@@ -406,16 +406,25 @@ export function trafficSuite(transport: 'tcp' | 'kcp', prefix: string, index: nu
       await measure('down', 10, 1, 4, 0.15);
       await measure('up', 10, 1, 4, 0.15);
       await measure('down', 10, 4, 5, 0.3);
-      await limit(100);
-      await measure('down', 100, 1, 4, 0.15);
-      await measure('up', 100, 1, 4, 0.15);
+      // The high limit is one the path carries with room to spare right now: the kcp path on two
+      // cores shared with other tests carries 110-190 Mbit/s unlimited (tcp over 300), and a limit
+      // near that measures the CPU left over, not the shaper (81 Mbit/s at a limit of 100 once;
+      // at half its capacity kcp still fell 10-15 % short, at a third it holds the limit).
+      await limit(0);
+      const [capacity] = (await rate('down', 1000, 2)) as [number];
+      const high = Math.min(100, Math.max(20, Math.floor(capacity / 3 / 10) * 10));
+      measured.push(`unlimited before the high limit: ${capacity.toFixed(0)}`);
+      await limit(high);
+      await measure('down', high, 1, 4, 0.15);
+      await measure('up', high, 1, 4, 0.15);
       await limit(0);
       let free = 0;
-      for (let attempt = 1; attempt <= 3 && free <= 150; attempt++) {
+      // Well over the last limit (a third of what the path carried before it).
+      for (let attempt = 1; attempt <= 3 && free <= high * 1.5; attempt++) {
         if (attempt > 1) measured.push(`unlimited (disturbed, measured again): ${free.toFixed(0)}`);
         [free] = (await rate('down', 1000, 2)) as [number];
       }
-      assert.ok(free > 150, `unlimited again: ${free.toFixed(0)} Mbit/s`);
+      assert.ok(free > high * 1.5, `unlimited again: ${free.toFixed(0)} Mbit/s, limit was ${high}`);
       t.diagnostic(`Mbit/s measured: ${measured.join('; ')}; unlimited ${free.toFixed(0)}`);
     });
 
