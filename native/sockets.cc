@@ -422,11 +422,39 @@ class Connect : public Napi::ObjectWrap<Connect> {
   std::unique_ptr<Napi::AsyncContext> context_;
 };
 
+// setReceiveBuffer(fd, bytes): SO_RCVBUF of a connected TCP socket, which Node cannot set. The
+// kernel doubles the value for its bookkeeping and turns off receive-buffer autotuning for the
+// socket, so the window the peer sees stays near `bytes` (the stream path's queue bound for a
+// service with a bandwidth limit, docs/dataplane.md). Returns what the kernel took (getsockopt).
+Napi::Value SetReceiveBuffer(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 2 || !info[0].IsNumber() || !info[1].IsNumber()) {
+    Napi::TypeError::New(env, "setReceiveBuffer(fd, bytes)").ThrowAsJavaScriptException();
+    return Napi::Value();
+  }
+  int fd = info[0].As<Napi::Number>().Int32Value();
+  double bytes = info[1].As<Napi::Number>().DoubleValue();
+  if (fd < 0 || !(bytes >= 1 && bytes <= 1073741824.0)) {
+    Napi::RangeError::New(env, "fd must be >= 0 and bytes 1..2^30").ThrowAsJavaScriptException();
+    return Napi::Value();
+  }
+  int value = static_cast<int>(bytes);
+  if (setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &value, sizeof value) != 0) {
+    SystemError(env, errno, "setsockopt", "cannot set SO_RCVBUF").ThrowAsJavaScriptException();
+    return Napi::Value();
+  }
+  int took = 0;
+  socklen_t len = sizeof took;
+  if (getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &took, &len) != 0) took = 0;
+  return Napi::Number::New(env, took);
+}
+
 }  // namespace
 
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("openTransparentListener", Napi::Function::New(env, OpenTransparentListener));
   exports.Set("Connect", Connect::Define(env));
+  exports.Set("setReceiveBuffer", Napi::Function::New(env, SetReceiveBuffer));
   return exports;
 }
 

@@ -65,7 +65,7 @@ import { LicenseWatch } from './events/license-watch.js';
 import { EventRetention, type RetentionLimits } from './events/retention.js';
 import { RuntimeEvents } from './events/runtime-events.js';
 import { generateLicenseKeyPair } from './license/sign.js';
-import { connectNetSocket, openTransparentListener } from './native/sockets.js';
+import { connectNetSocket, openTransparentListener, setReceiveBuffer } from './native/sockets.js';
 import { openTun } from './native/tun.js';
 import { loadOrCreateSecretFile, removeStaleTempFiles } from './store/key-files.js';
 import { Store } from './store/store.js';
@@ -594,7 +594,7 @@ async function buildDataPlane(
       failover,
       observed,
       // TCP crosses as streams (TPROXY at the ingress, re-originated at the exit).
-      sockets: { openTransparentListener, connectNetSocket },
+      sockets: { openTransparentListener, connectNetSocket, setReceiveBuffer },
     });
   } catch (err) {
     // Not yet the caller's to close: the sockets are.

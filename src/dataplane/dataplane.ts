@@ -112,6 +112,8 @@ export const DEFAULT_FAILOVER: FailoverOptions = { intervalMs: 500, misses: 3, h
 
 export interface StreamSockets {
   openTransparentListener(opts: { family: 4 | 6; address?: string; port: number; mark?: number }): number;
+  /** SO_RCVBUF of a connected socket; what the kernel took, or null when it has no fd. */
+  setReceiveBuffer(socket: Socket, bytes: number): number | null;
   connectNetSocket(opts: {
     family: 4 | 6;
     address: string;
@@ -463,6 +465,10 @@ export class DataPlane {
       // Each agent limits what it sends of a service (the ingress up, the exit down), streams
       // and packets in one shaper.
       limiter: (serviceId) => this.carried.get(serviceId)?.shaper ?? null,
+      boundReceiveBuffer: (socket, bytes) => {
+        // A socket closed already has nothing to bound; anything else is the addon's bug.
+        if (!socket.destroyed) sockets.setReceiveBuffer(socket, bytes);
+      },
       authorize: (peerId, serviceId) => {
         const c = this.carried.get(serviceId);
         return c?.service.role === 'exit' && c.service.peerId === peerId && c.service.transport === kind;

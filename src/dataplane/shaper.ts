@@ -138,6 +138,11 @@ export class FairShaper {
     this.setRate(opts.mbps);
   }
 
+  /** Bytes the limit lets through in `ms` milliseconds; 0 when unlimited. */
+  bytesIn(ms: number): number {
+    return this.unlimited ? 0 : this.rate * ms;
+  }
+
   /** Flow records kept (waiting or idle with a tag): what docs/memory.md bounds by the sweep. */
   get flowRecords(): number {
     return this.flows.size;

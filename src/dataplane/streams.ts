@@ -77,7 +77,19 @@ export interface StreamLink {
 export interface Pacer {
   request(flowId: number, bytes: number, go: () => void): void;
   forget(flowId: number): void;
+  /** What the pacer lets through in `ms` milliseconds now; 0 when it does not limit. */
+  bytesIn?(ms: number): number;
 }
+
+/**
+ * A limited stream's socket queues at most about this much of its rate in the kernel before the
+ * pacer (docs/dataplane.md "Where a limited service's bytes wait"), instead of the megabytes
+ * receive autotuning grows to, so that a client's close is not stuck behind seconds of backlog.
+ * As deep as the shaper's bucket: a loaded event loop that stalls for less loses no rate.
+ */
+export const STANDING_QUEUE_MS = 50;
+/** The least receive buffer a limited socket gets: a few segments, so that a slow limit still flows. */
+const MIN_RECEIVE_BUFFER = 8 * 1024;
 
 export interface StreamMuxOptions {
   link: StreamLink;
@@ -109,6 +121,11 @@ export interface StreamMuxOptions {
   maxStreamsPerPeer?: number;
   /** Optional shaping: asked once per stream; 'up' is ingress -> exit, 'down' exit -> ingress. */
   limiter?(serviceId: string, direction: 'up' | 'down'): Pacer | null;
+  /**
+   * Bounds what the kernel buffers on `socket`'s receiving side (SO_RCVBUF) to about `bytes`:
+   * for the local socket of a stream whose pacer limits it (STANDING_QUEUE_MS of its rate).
+   */
+  boundReceiveBuffer?(socket: Socket, bytes: number): void;
 }
 
 /**
@@ -553,6 +570,10 @@ export class StreamMux {
 
   private attach(s: Stream, socket: Socket): void {
     s.socket = socket;
+    const limited = s.pacer?.bytesIn?.(STANDING_QUEUE_MS) ?? 0;
+    if (limited > 0 && this.options.boundReceiveBuffer) {
+      this.options.boundReceiveBuffer(socket, Math.max(MIN_RECEIVE_BUFFER, Math.round(limited)));
+    }
     // A FIN from the local end must end only its direction: the answer may still come.
     socket.allowHalfOpen = true;
     socket.on('data', (chunk: Buffer) => {

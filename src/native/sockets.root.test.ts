@@ -25,6 +25,7 @@ import {
   connectNetSocket,
   connectSocket,
   openTransparentListener,
+  setReceiveBuffer,
   socketFromFd,
 } from './sockets.js';
 
@@ -159,6 +160,24 @@ describe('native sockets addon: loopback in this process (root)', { timeout: 120
   after(async () => {
     await v4?.close();
     await v6?.close();
+  });
+
+  it("setReceiveBuffer bounds a connected socket's receive buffer; a closed socket has none", async () => {
+    const server = net.createServer(() => {});
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const { port } = server.address() as net.AddressInfo;
+    const socket = net.connect(port, '127.0.0.1');
+    await new Promise((resolve) => socket.once('connect', resolve));
+    try {
+      // The kernel doubles what it is given, for its own bookkeeping (socket(7)).
+      assert.equal(setReceiveBuffer(socket, 25_000), 50_000);
+      assert.equal(setReceiveBuffer(socket, 100_000), 200_000);
+      assert.throws(() => setReceiveBuffer(socket, 0), /bytes must be an integer/);
+    } finally {
+      socket.destroy();
+      server.close();
+    }
+    assert.equal(setReceiveBuffer(socket, 25_000), null);
   });
 
   it('a transparent listener fd is non-blocking, close-on-exec, and net.Server listens on it', async () => {

@@ -8,7 +8,8 @@
  * - connectSocket: a connected fd, with SO_MARK and/or IP_TRANSPARENT set before bind/connect (a marked
  *   connection routed by policy; a source address that is not local, the original client's). The connect
  *   is driven by the event loop, never the thread pool. connectNetSocket wraps the fd in a net.Socket.
- * Both need CAP_NET_ADMIN for the transparent and mark options. The fds are non-blocking and close-on-exec;
+ * - setReceiveBuffer: SO_RCVBUF of a connected socket (net.Socket has no such option for TCP).
+ * The first two need CAP_NET_ADMIN for the transparent and mark options. The fds are non-blocking and close-on-exec;
  * once handed over they are the caller's (net.Server / net.Socket close them).
  *
  * Used by src/transports and src/dataplane; imports nothing but Node built-ins.
@@ -76,6 +77,7 @@ interface NativeAddon {
     timeoutMs: number,
     onDone: (error: NodeJS.ErrnoException | null, fd?: number) => void,
   ) => NativeConnect;
+  setReceiveBuffer?: (fd: number, bytes: number) => number;
 }
 
 let addon: NativeAddon | undefined;
@@ -83,7 +85,7 @@ let addon: NativeAddon | undefined;
 /** Loaded on first use, so that importing this module (for its types) never needs the built addon. */
 function nativeAddon(): Required<NativeAddon> {
   addon ??= loadAddon<NativeAddon>('mesh_sockets.node');
-  if (!addon?.openTransparentListener || !addon.Connect)
+  if (!addon?.openTransparentListener || !addon.Connect || !addon.setReceiveBuffer)
     throw new Error(`transparent and marked sockets are Linux-only (this is ${process.platform})`);
   return addon as Required<NativeAddon>;
 }
@@ -211,4 +213,17 @@ export function socketFromFd(fd: number): net.Socket {
     closeSync(fd); // Node did not take it
     throw e;
   }
+}
+
+/**
+ * Sets SO_RCVBUF of a connected TCP socket, which turns off the kernel's receive-buffer autotuning
+ * for it: the window its peer sees stays near `bytes` instead of growing to megabytes. Returns the
+ * size the kernel took (twice `bytes`, its bookkeeping included), or null when the socket has no
+ * fd (closed already). Reads the fd from Node's handle (`_handle.fd`, set for TCP on Linux).
+ */
+export function setReceiveBuffer(socket: net.Socket, bytes: number): number | null {
+  checkInteger(bytes, 1, 2 ** 30, 'bytes');
+  const fd = (socket as unknown as { _handle?: { fd?: unknown } })._handle?.fd;
+  if (typeof fd !== 'number' || fd < 0) return null;
+  return nativeAddon().setReceiveBuffer(fd, bytes);
 }

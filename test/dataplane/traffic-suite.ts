@@ -403,6 +403,27 @@ export function trafficSuite(transport: 'tcp' | 'kcp', prefix: string, index: nu
       };
 
       await limit(10);
+      // What waits between the client and the destination (docs/dataplane.md "Where a limited
+      // service's bytes wait"): a client that writes for 2 s and shuts its side. Its close reaches
+      // the destination once that queue has drained at the limit; before the receive buffer of
+      // the intercepted socket was bounded the queue was 7.4 MB (5.4 s at 10 Mbit/s), now about
+      // 1 MB, most of it the client's own send buffer (its kernel grows it).
+      const flood = JSON.parse(
+        await topo.run(
+          topo.ns.client,
+          process.execPath,
+          [APPS, 'flood', IP.dest, String(HTTP + 1), '2'],
+          30_000,
+        ),
+      ) as { written: number; answeredMs: number };
+      const queued = (flood.answeredMs / 1000) * (10e6 / 8);
+      measured.push(
+        `queued at the client's close: ${(queued / 1e6).toFixed(2)} MB of ${(flood.written / 1e6).toFixed(2)}`,
+      );
+      assert.ok(
+        queued <= 2.5e6,
+        `${(queued / 1e6).toFixed(2)} MB still queued when the client closed (${flood.answeredMs.toFixed(0)} ms at 10 Mbit/s); at most 2 s of the limit`,
+      );
       await measure('down', 10, 1, 4, 0.15);
       await measure('up', 10, 1, 4, 0.15);
       await measure('down', 10, 4, 5, 0.3);

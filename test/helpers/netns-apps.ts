@@ -17,6 +17,9 @@
  *   (forged and replayed datagrams), then exits.
  * - `udp-flow HOST PORT INTERVAL_MS`: one UDP flow (one socket, one source port) sending `n`
  *   every INTERVAL_MS until killed; prints `echo n` for each answer.
+ * - `flood HOST PORT SECONDS`: writes to the half-closing server (PORT_HTTP+1) as fast as its
+ *   socket takes bytes for SECONDS, then shuts its side; prints JSON {written, answeredMs}: the
+ *   bytes written and how long after the shutdown the server's `got n` arrived (n = written).
  * - `burst URL N`: N concurrent GETs, each a new connection; prints a JSON array of statuses
  *   (or error codes).
  */
@@ -213,6 +216,39 @@ function udpFlow(host: string, port: number, intervalMs: number): void {
   setInterval(() => sock.send(String(n++), port, host), intervalMs);
 }
 
+function flood(host: string, port: number, seconds: number): void {
+  const block = Buffer.alloc(64 * 1024);
+  let written = 0;
+  let endedAt = 0;
+  let answer = '';
+  const s = net.connect({ host, port, allowHalfOpen: true }, () => {
+    const until = performance.now() + seconds * 1000;
+    const write = () => {
+      while (performance.now() < until) {
+        written += block.length;
+        if (!s.write(block)) return void s.once('drain', write);
+      }
+      s.end();
+      endedAt = performance.now();
+    };
+    write();
+  });
+  s.on('data', (c: Buffer) => {
+    answer += c.toString();
+  });
+  s.on('end', () => {
+    const answeredMs = performance.now() - endedAt;
+    if (answer.trim() !== `got ${written}`)
+      process.stderr.write(`answer ${answer.trim()}, wrote ${written}\n`);
+    process.stdout.write(`${JSON.stringify({ written, answeredMs })}\n`);
+    s.destroy();
+  });
+  s.on('error', (err) => {
+    process.stderr.write(`${err.message}\n`);
+    process.exit(1);
+  });
+}
+
 if (process.argv[1]?.endsWith('netns-apps.js')) {
   const [cmd, ...args] = process.argv.slice(2);
   if (cmd === 'serve') serve(Number(args[0]), Number(args[1]));
@@ -221,6 +257,7 @@ if (process.argv[1]?.endsWith('netns-apps.js')) {
   else if (cmd === 'tcp') tcpClient(args[0]!, Number(args[1]), args[2]!);
   else if (cmd === 'udp-send') udpSend(args[0]!, Number(args[1]), args.slice(2));
   else if (cmd === 'udp-flow') udpFlow(args[0]!, Number(args[1]), Number(args[2]));
+  else if (cmd === 'flood') flood(args[0]!, Number(args[1]), Number(args[2]));
   else {
     process.stderr.write(`unknown command ${cmd}\n`);
     process.exit(2);
