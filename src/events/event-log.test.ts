@@ -185,4 +185,21 @@ describe('EventLog', () => {
     assert.deepEqual(seqs(log.after(0)), [8, 9, 10]);
     store.close();
   });
+
+  it('retention by age walks from the oldest seq and stops at the first event not old enough', () => {
+    const store = new Store(dbFile());
+    const log = new EventLog(store, AGENT, new ManualClock());
+    // A replicated change keeps its origin's time: seq 2 was learned late, with an older time.
+    for (const time of ['00:00:03', '00:00:01', '00:00:09', '00:00:02']) {
+      log.record(ev('service.updated', 's', { time: `2026-01-01T${time}.000Z` }));
+    }
+    assert.equal(store.eventTable.deleteBefore('2026-01-01T00:00:05.000Z', 100), 2);
+    assert.deepEqual(seqs(log.after(0)), [3, 4]);
+    assert.equal(store.eventTable.deleteBefore('2026-01-01T00:00:10.000Z', 1), 1);
+    assert.equal(store.eventTable.deleteBefore('2026-01-01T00:00:10.000Z', 1), 1);
+    assert.equal(log.oldestSeq(), undefined);
+    assert.equal(log.lastSeq(), 4);
+    assert.equal(log.record(ev('peer.added')).seq, 5);
+    store.close();
+  });
 });

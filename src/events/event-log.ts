@@ -18,7 +18,7 @@ export interface EventActor {
 }
 
 export interface MeshEvent {
-  /** Per agent, strictly increasing, never reused (SQLite AUTOINCREMENT). */
+  /** Per agent, strictly increasing, never reused (src/store/event-table.ts, LAST_SEQ). */
   seq: number;
   /** Unique in the cluster: the same config change has the same id on every agent. */
   id: string;

@@ -7,6 +7,7 @@ import Database from 'better-sqlite3';
 import { openDatabase, schemaVersion } from './database.js';
 import { loadOrCreateSecretFile, removeStaleTempFiles, writeFileAtomic } from './key-files.js';
 import { MIGRATIONS } from './migrations.js';
+import { Store } from './store.js';
 
 /**
  * A database file an older agent left at schema `version` (3 or later), with peers a, b and c and
@@ -71,6 +72,64 @@ describe('database', () => {
       /CHECK constraint failed/,
     );
     migrated.close();
+  });
+
+  it('migration 8 keeps every event and index read, and never gives a seq that version 7 gave', () => {
+    const file = olderDatabase(7, []);
+    const old = new Database(file);
+    const insert = old.prepare(`INSERT INTO events (id, type, time, actor, resource_kind, resource_id, data)
+      VALUES (?, ?, ?, '{"client_id":null,"agent":"a"}', 'peer', ?, '{"n":1}')`);
+    for (let i = 1; i <= 6; i++)
+      insert.run(`e${i}`, i % 2 ? 'peer.added' : 'peer.renamed', `2026-01-0${i}T00:00:00.000Z`, `p${i % 2}`);
+    // Retention at version 7 deleted the newest (by time) and the oldest: sqlite_sequence keeps 6.
+    old.exec('DELETE FROM events WHERE seq IN (1, 6)');
+    old.close();
+
+    const db = openDatabase(file);
+    assert.equal(schemaVersion(db), 8);
+    assert.deepEqual(db.prepare('SELECT id FROM events ORDER BY seq').pluck().all(), [
+      'e2',
+      'e3',
+      'e4',
+      'e5',
+    ]);
+    assert.deepEqual(db.prepare('SELECT seq FROM event_seq_floor').pluck().all(), [6]);
+    const indexes = db
+      .prepare(
+        `SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'events' AND sql IS NOT NULL`,
+      )
+      .pluck()
+      .all();
+    assert.deepEqual(indexes.sort(), ['events_resource', 'events_type']);
+    const plan = (sql: string) =>
+      (db.prepare(`EXPLAIN QUERY PLAN ${sql}`).all() as { detail: string }[]).map((r) => r.detail).join('; ');
+    assert.match(
+      plan(`SELECT * FROM events WHERE resource_id = 'p1' AND seq > 0 ORDER BY seq`),
+      /events_resource/,
+    );
+    assert.match(plan(`SELECT * FROM events WHERE type >= 'peer.r' AND type < 'peer.s'`), /events_type/);
+    assert.match(plan(`SELECT * FROM events WHERE id = 'e3'`), /sqlite_autoindex_events/);
+    db.close();
+
+    // Through the store: the next event is 7, not 6, and an id kept before is kept once.
+    const store = new Store(file);
+    const events = store.eventTable;
+    assert.equal(events.lastSeq(), 6);
+    const e = (id: string) => ({
+      id,
+      type: 'peer.added',
+      time: '2026-01-09T00:00:00.000Z',
+      actor: { client_id: null, agent: 'a' },
+      resource: { kind: 'peer', id: 'p1' },
+      data: {},
+    });
+    assert.deepEqual([events.insert(e('e3')).event.seq, events.insert(e('e3')).inserted], [3, false]);
+    assert.equal(events.insert(e('e7')).event.seq, 7);
+    assert.deepEqual(
+      events.after(0, 10, { resource: 'p1' }).map((x) => x.seq),
+      [3, 5, 7],
+    );
+    store.close();
   });
 
   it('refuses a database made by a newer agent', () => {

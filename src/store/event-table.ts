@@ -1,6 +1,6 @@
 /**
- * The `events` table (migration 6): the SQL of the event log, which src/events/event-log.ts
- * drives. Used through Store.eventTable, on the Store's one connection, so an event inserted
+ * The `events` table (migrations 6 and 8) and `event_seq_floor`: the SQL of the event log, which
+ * src/events/event-log.ts drives. Used through Store.eventTable, on the Store's one connection, so an event inserted
  * inside a Store transaction commits or rolls back with it.
  */
 import type { Db } from './database.js';
@@ -40,29 +40,56 @@ export interface EventFilter {
  */
 const MAX_CHAR = '\u{10FFFF}';
 
+/**
+ * The newest seq ever given: the newest kept, or the highest that retention deleted
+ * (`event_seq_floor`), whichever is greater. A new event takes it plus one, so a seq is never
+ * given twice, not even after every event is deleted (migration 8 says why not AUTOINCREMENT).
+ */
+const LAST_SEQ = `max(coalesce((SELECT max(seq) FROM events), 0), (SELECT seq FROM event_seq_floor))`;
+
 export class EventTable {
   private readonly stmts;
+  private readonly deleteBatch;
   /** One statement per combination of filters, each with its own index plan. */
   private readonly afterStmts;
 
   constructor(db: Db) {
     this.stmts = {
+      // An id already kept inserts nothing (changes 0), and with the seq given here, uses none up.
       insert: db.prepare(
-        `INSERT INTO events (id, type, time, actor, resource_kind, resource_id, data)
-         VALUES (@id, @type, @time, @actor, @resourceKind, @resourceId, @data)`,
+        `INSERT INTO events (seq, id, type, time, actor, resource_kind, resource_id, data)
+         VALUES ((SELECT ${LAST_SEQ} + 1), @id, @type, @time, @actor, @resourceKind, @resourceId, @data)
+         ON CONFLICT (id) DO NOTHING`,
       ),
       byId: db.prepare('SELECT * FROM events WHERE id = ?'),
       actorById: db.prepare('SELECT actor FROM events WHERE id = ?').pluck(),
       oldest: db.prepare('SELECT min(seq) FROM events').pluck(),
-      // The highest seq ever given, deleted or not: AUTOINCREMENT keeps it here.
-      last: db.prepare(`SELECT seq FROM sqlite_sequence WHERE name = 'events'`).pluck(),
-      pruneUpTo: db.prepare(
-        'DELETE FROM events WHERE seq IN (SELECT seq FROM events WHERE seq <= ? ORDER BY seq LIMIT ?)',
-      ),
-      pruneBefore: db.prepare(
-        'DELETE FROM events WHERE seq IN (SELECT seq FROM events WHERE time < ? ORDER BY time LIMIT ?)',
-      ),
+      last: db.prepare(`SELECT ${LAST_SEQ}`).pluck(),
+      pruneUpTo: db
+        .prepare(
+          `DELETE FROM events WHERE seq IN (SELECT seq FROM events WHERE seq <= ? ORDER BY seq LIMIT ?)
+           RETURNING seq`,
+        )
+        .pluck(),
+      // Oldest seq first, up to the first event not older than the limit: no index on time
+      // (migration 8), and what a batch reads is the batch. An event recorded late with an old
+      // time (a replicated change learned after a partition) goes when those before it go.
+      pruneBefore: db
+        .prepare(
+          `WITH head AS (SELECT seq, time FROM events ORDER BY seq LIMIT @batch)
+           DELETE FROM events WHERE seq IN (SELECT seq FROM head WHERE seq <
+             coalesce((SELECT min(seq) FROM head WHERE time >= @time), 9007199254740991))
+           RETURNING seq`,
+        )
+        .pluck(),
+      raiseFloor: db.prepare('UPDATE event_seq_floor SET seq = max(seq, ?)'),
     };
+    // The floor is raised in the delete's transaction, so the highest seq given is never lost.
+    this.deleteBatch = db.transaction((deleted: () => number[]) => {
+      const seqs = deleted();
+      if (seqs.length > 0) this.stmts.raiseFloor.run(Math.max(...seqs));
+      return seqs.length;
+    });
     const where = (filter: string) =>
       db.prepare(`SELECT * FROM events WHERE seq > @since ${filter} ORDER BY seq LIMIT @limit`);
     this.afterStmts = {
@@ -78,10 +105,7 @@ export class EventTable {
    * inserted again: `inserted` is false and the kept one is returned.
    */
   insert(e: Omit<EventRecord, 'seq'>): { event: EventRecord; inserted: boolean } {
-    // Looked up first: a conflicting INSERT would still use up a seq, leaving a gap.
-    const kept = this.stmts.byId.get(e.id) as EventRow | undefined;
-    if (kept) return { event: toEvent(kept), inserted: false };
-    const { lastInsertRowid } = this.stmts.insert.run({
+    const { changes, lastInsertRowid } = this.stmts.insert.run({
       id: e.id,
       type: e.type,
       time: e.time,
@@ -90,6 +114,7 @@ export class EventTable {
       resourceId: e.resource.id,
       data: JSON.stringify(e.data),
     });
+    if (changes === 0) return { event: toEvent(this.stmts.byId.get(e.id) as EventRow), inserted: false };
     return { event: { seq: Number(lastInsertRowid), ...e }, inserted: true };
   }
 
@@ -122,16 +147,19 @@ export class EventTable {
   }
 
   lastSeq(): number {
-    return (this.stmts.last.get() as number | undefined) ?? 0;
+    return this.stmts.last.get() as number;
   }
 
   /** Deletes at most `batch` events with seq <= `seq`, oldest first; returns how many. */
   deleteUpTo(seq: number, batch: number): number {
-    return this.stmts.pruneUpTo.run(seq, batch).changes;
+    return this.deleteBatch(() => this.stmts.pruneUpTo.all(seq, batch) as number[]);
   }
 
-  /** Deletes at most `batch` events whose time is before `time`; returns how many. */
+  /**
+   * Deletes at most `batch` events whose time is before `time`, in seq order from the oldest,
+   * stopping at the first that is not; returns how many.
+   */
   deleteBefore(time: string, batch: number): number {
-    return this.stmts.pruneBefore.run(time, batch).changes;
+    return this.deleteBatch(() => this.stmts.pruneBefore.all({ time, batch }) as number[]);
   }
 }

@@ -178,4 +178,37 @@ export const MIGRATIONS: readonly string[] = [
     last_given_up_seq INTEGER
   ) STRICT;
   `,
+  // 8: the event log at a lower cost per write (docs/benchmarks.md, "Events"): each index is a
+  // page more in every commit that records an event, and with synchronous=FULL a page more to
+  // write and sync. Gone: the `time` index (retention by age walks from the oldest seq instead)
+  // and AUTOINCREMENT, whose `sqlite_sequence` row was a page of its own in every commit; the
+  // highest seq given to an event no longer kept moves to `event_seq_floor`, which only
+  // retention writes, and a new event takes the greater of it and the newest kept, plus one.
+  // The rows are copied as they are; the `(type, seq)` and `(resource_id, seq)` indexes stay.
+  `
+  CREATE TABLE events_v8 (
+    seq           INTEGER PRIMARY KEY,
+    id            TEXT NOT NULL UNIQUE,
+    type          TEXT NOT NULL,
+    time          TEXT NOT NULL,
+    actor         TEXT NOT NULL CHECK (json_valid(actor)),
+    resource_kind TEXT NOT NULL,
+    resource_id   TEXT NOT NULL,
+    data          TEXT NOT NULL CHECK (json_valid(data))
+  ) STRICT;
+  INSERT INTO events_v8 (seq, id, type, time, actor, resource_kind, resource_id, data)
+    SELECT seq, id, type, time, actor, resource_kind, resource_id, data FROM events ORDER BY seq;
+
+  CREATE TABLE event_seq_floor (
+    singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
+    seq       INTEGER NOT NULL CHECK (seq >= 0)
+  ) STRICT;
+  INSERT INTO event_seq_floor (singleton, seq)
+    VALUES (1, coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'events'), 0));
+
+  DROP TABLE events;
+  ALTER TABLE events_v8 RENAME TO events;
+  CREATE INDEX events_type ON events (type, seq);
+  CREATE INDEX events_resource ON events (resource_id, seq);
+  `,
 ];

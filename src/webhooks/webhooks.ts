@@ -7,7 +7,7 @@
  */
 import { randomBytes, randomUUID } from 'node:crypto';
 import { type Clock, isoTime } from '../domain/clock.js';
-import { invalidRequest, notFound } from '../domain/errors.js';
+import { ApiError, invalidRequest, notFound } from '../domain/errors.js';
 import type { EventActor, EventLog, MeshEvent } from '../events/event-log.js';
 import type { Store } from '../store/store.js';
 import type { WebhookRecord } from '../store/webhook-table.js';
@@ -16,6 +16,11 @@ import type { WebhookDispatcher } from './dispatcher.js';
 
 export const MAX_URL_LENGTH = 2048;
 export const MAX_TYPE_PREFIXES = 32;
+/**
+ * Endpoints per agent (docs/decisions.md, "Webhooks"): each has its own queue, read of the log
+ * and delivery loop, so the number bounds the work and memory that webhooks take.
+ */
+export const MAX_WEBHOOKS = 50;
 /** A type prefix: the start of `<resource>.<what>` (`peer.`, `service.created`, `service`). */
 export const TYPE_PREFIX_FORMAT = /^[a-z][a-z0-9_.]{0,99}$/;
 
@@ -95,6 +100,13 @@ export class Webhooks {
     const secret = newWebhookSecret();
     const createdAt = isoTime(this.clock.now());
     this.store.transaction(() => {
+      // Counted in the transaction: two creates at once cannot both take the last place.
+      if (this.store.webhookTable.all().length >= MAX_WEBHOOKS) {
+        throw new ApiError(
+          'WEBHOOK_LIMIT_EXCEEDED',
+          `this agent has ${MAX_WEBHOOKS} webhooks, the most it keeps; delete one to add another`,
+        );
+      }
       // Its queue starts after the last event so far: this event, and what comes after, are its.
       this.store.webhookTable.insert({
         id,

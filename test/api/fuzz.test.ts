@@ -9,6 +9,9 @@
  * JSON arrays and scalars, wrong content types, empty and oversized bodies. A new endpoint is
  * one more entry.
  *
+ * GET /v1/events and its stream take their input in the query: one property sends each bad
+ * `since`, `type`, `resource` and `limit` (and Last-Event-ID) and expects 400 INVALID_REQUEST.
+ *
  * Properties: never a 5xx; every 4xx body is exactly `{error, code}` (the token endpoint:
  * `{error, error_description, code}`) with a code of src/domain/errors.ts and the status that
  * code has; the agent's database (read-only dump of the real SQLite file) is unchanged after
@@ -306,6 +309,55 @@ const ENDPOINTS: Endpoint[] = [
       },
     ],
     success: () => [201],
+    errors: 'api',
+  },
+  {
+    method: 'POST',
+    path: '/v1/webhooks',
+    auth: 'admin',
+    body: 'json',
+    // A receiver on a loopback port nothing listens on, and type filters that no event matches:
+    // a webhook with deliveries to make would write its queue's progress in the background,
+    // between a request and the check that it changed nothing. Past 50 webhooks, 422
+    // WEBHOOK_LIMIT_EXCEEDED (nothing changes either).
+    validBody: (ctx) => ({ url: `http://127.0.0.1:${ctx.closedPort}/hook`, types: ['nothing.matches'] }),
+    fields: [
+      {
+        path: ['url'],
+        type: 'string',
+        required: true,
+        invalid: [
+          '',
+          'not a url',
+          '/relative/path',
+          'ftp://127.0.0.1/x',
+          'file:///etc/passwd',
+          'javascript:alert(1)',
+          'http://user:pw@127.0.0.1/',
+          'http://127.0.0.1/#frag',
+          `http://127.0.0.1/${'u'.repeat(2048)}`,
+        ],
+        // Only loopback receivers: a generated URL is never one the agent would dial elsewhere.
+        sameType: fc.constantFrom('http://127.0.0.1:9/a', 'https://[::1]:9/b?x=1'),
+      },
+      {
+        path: ['types'],
+        type: 'array',
+        invalid: [
+          ['Peer.'],
+          [''],
+          ['peer*'],
+          ['peer. '],
+          [1],
+          [null],
+          [['peer.']],
+          ['t'.repeat(129)],
+          Array.from({ length: 33 }, (_, i) => `t${i}.`),
+        ],
+        sameType: fc.subarray(['nothing.matches', 'no.such_type', 'zz']),
+      },
+    ],
+    success: (ctx) => (ctx.phase === 'after-bootstrap' ? [201] : []),
     errors: 'api',
   },
   {
@@ -1462,6 +1514,58 @@ describe('fuzzed POST bodies after bootstrap', () => {
       assert.equal(declared.finished, false);
     });
   }
+
+  it('GET /v1/events and /v1/events/stream: answer 400 to a bad since, type, resource or limit, and change nothing', async () => {
+    const BAD: Record<string, unknown[]> = {
+      since: ['-1', '1.5', 'abc', '', '9007199254740992', 'null', 'true'],
+      type: ['', 'Peer.', 'peer*', 'peer. ', 't'.repeat(129), '%00', 'péer.'],
+      resource: ['', 'r'.repeat(129)],
+      limit: ['0', '1001', '-1', 'x', '1.5', '', '99999999999999999999'],
+    };
+    const good = { since: '0', type: 'peer.', resource: 'r1', limit: '10' };
+    const query = fc
+      .record({
+        bad: fc.constantFrom(...Object.keys(BAD)),
+        pick: fc.nat(),
+        keep: fc.subarray(Object.keys(good)),
+      })
+      .map(({ bad, pick, keep }) => {
+        const values = BAD[bad]!;
+        const params = new URLSearchParams();
+        for (const k of keep) if (k !== bad) params.append(k, good[k as keyof typeof good]);
+        params.append(bad, String(values[pick % values.length]));
+        // '%00' is sent as a NUL byte, not as the text %00.
+        return { bad, text: params.toString().replace('%2500', '%00') };
+      });
+    await fc.assert(
+      fc.asyncProperty(query, async ({ bad, text }) => {
+        const dumpBefore = dumpDatabase(agent.dataDir);
+        // The stream takes every filter but limit; a bad one is refused before it starts.
+        const paths = ['/v1/events', ...(bad === 'limit' ? [] : ['/v1/events/stream'])];
+        for (const path of paths) {
+          const res = await agent.client.raw('GET', `${path}?${text}`, {
+            token: ctx.admin!.token,
+          });
+          const where = `GET ${path}?${text} → ${res.status} ${res.text.slice(0, 300)}`;
+          assert.equal(res.status, 400, where);
+          assert.deepEqual(Object.keys(res.body ?? {}).sort(), ['code', 'error'], where);
+          assert.equal(res.body.code, 'INVALID_REQUEST', where);
+          assert.equal(typeof res.body.error, 'string', where);
+        }
+        assert.equal(dumpDatabase(agent.dataDir).text, dumpBefore.text, 'a refused read changed nothing');
+      }),
+      fcParams(WRONG_TYPE_RUNS),
+    );
+    // A Last-Event-ID that is not a seq is refused the same way.
+    for (const id of ['-1', 'abc', '1.5', '99999999999999999']) {
+      const res = await agent.client.raw('GET', '/v1/events/stream', {
+        token: ctx.admin!.token,
+        headers: { 'last-event-id': id },
+      });
+      assert.equal(res.status, 400, `Last-Event-ID ${id}: ${res.text}`);
+      assert.equal(res.body.code, 'INVALID_REQUEST');
+    }
+  });
 
   it('POST /v1/oauth/token: answers bodies that are not a form in the RFC 6749 error shape, never 500', async () => {
     // Regression: Fastify's own parse errors used to reach a serializer that requires error_description.

@@ -1,8 +1,8 @@
 /**
  * Webhooks (docs/events.md "Webhooks"), on real agent processes with real HTTP receivers whose
  * every signature is checked by the `standardwebhooks` library: create, list, read, delete and
- * the test delivery with their 400s, 403 and 404s; the secret only in the create answer (never
- * in a list, a delivery or the agent's log), and no secret of any kind in a delivery over a run
+ * the test delivery with their 400s, 403 and 404s, and the 422 past 50 webhooks; the secret
+ * only in the create answer (never in a list, a delivery or the agent's log), and no secret of any kind in a delivery over a run
  * that creates, rotates and revokes; a receiver down for 30 s gets every event once it is
  * back, in order; a hanging receiver does not delay another; a kill -9 with undelivered events
  * delivers them after the restart, and one just after deliveries sends again only a tail of
@@ -165,6 +165,35 @@ describe('/v1/webhooks', { timeout: 240_000 }, () => {
     assertError(await create({ url: 'http://127.0.0.1/' }, reader), 403, 'FORBIDDEN');
     assertError(await agent.client.get('/v1/webhooks', { token: reader }), 403, 'FORBIDDEN');
     assert.deepEqual(await list(), before, 'nothing refused was kept');
+  });
+
+  it('refuses a webhook past 50: 422 WEBHOOK_LIMIT_EXCEEDED, nothing kept or recorded', async () => {
+    const made: string[] = [];
+    for (let i = (await list()).length; i < 50; i++) {
+      const res = await create({ url: `http://127.0.0.1:9/${i}`, types: ['nothing.matches'] });
+      assert.equal(res.status, 201, res.text);
+      secrets.push(res.body.secret);
+      made.push(res.body.id);
+    }
+    const before = await list();
+    // A filter nothing matches answers `next` = the newest seq given.
+    const lastSeq = async () => (await agent.client.get('/v1/events?type=no.such', { token })).body.next;
+    const seq = await lastSeq();
+    const refused = await create({ url: 'http://127.0.0.1:9/51', types: ['peer.'] });
+    assertError(refused, 422, 'WEBHOOK_LIMIT_EXCEEDED');
+    assert.match(refused.body.error, /50 webhooks/);
+    // The §3 order: what is wrong with the request itself is still a 400.
+    assertError(await create({ url: 'ftp://127.0.0.1/' }), 400, 'INVALID_REQUEST');
+    assert.deepEqual(await list(), before, 'nothing kept');
+    assert.equal(await lastSeq(), seq, 'no event recorded');
+    // Deleting one makes room for one.
+    assert.equal((await agent.client.delete(`/v1/webhooks/${made.pop()}`, { token })).status, 200);
+    const again = await create({ url: 'http://127.0.0.1:9/again', types: ['nothing.matches'] });
+    assert.equal(again.status, 201, again.text);
+    secrets.push(again.body.secret);
+    made.push(again.body.id);
+    for (const id of made)
+      assert.equal((await agent.client.delete(`/v1/webhooks/${id}`, { token })).status, 200);
   });
 
   it('answers 404 for an unknown id on read, delete and test; deletes once', async () => {

@@ -85,7 +85,7 @@ export function registerWebhookRoutes(app: FastifyInstance, deps: AppDeps): void
         summary: 'Create a webhook; its signing secret is shown only in this response',
         description: 'Only events recorded after its creation are delivered to it.',
         body: WebhookCreateBody,
-        response: { 201: WebhookCreated, ...errorResponses(400, 401, 403, 413) },
+        response: { 201: WebhookCreated, ...errorResponses(400, 401, 403, 413, 422) },
       },
     },
     async (request, reply) => {
