@@ -42,6 +42,21 @@
       ],
       "cflags_cc": ["-std=c++17", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
       "xcode_settings": { "CLANG_CXX_LANGUAGE_STANDARD": "c++17" }
+    },
+    {
+      # Netlink requests and libnftables listings, for reading the kernel without a process per
+      # question (src/native/netlink.ts; docs/architecture.md, "Reading the kernel").
+      "target_name": "mesh_netlink",
+      "sources": ["native/netlink.cc"],
+      "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],
+      "defines": [
+        "NAPI_VERSION=8",
+        "NODE_ADDON_API_DISABLE_CPP_EXCEPTIONS",
+        "NODE_ADDON_API_DISABLE_DEPRECATED"
+      ],
+      "cflags_cc": ["-std=c++17", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+      "libraries": ["-ldl"],
+      "xcode_settings": { "CLANG_CXX_LANGUAGE_STANDARD": "c++17" }
     }
   ]
 }

@@ -1579,11 +1579,11 @@ export class DataPlane {
       .map((c) => c.service);
     const wanted = this.lastPlan?.kernel;
     owned.links = owned.links.map((l) => (this.tunsToSetUp.has(l.name) ? { ...l, mtu: 0 } : l));
-    const repairs = wanted
-      ? diff(owned, wanted, this.nft)
-          .filter((c) => concerns(c, slots, packet, family))
-          .map(describeChange)
-      : [];
+    // Only the state that concerns the packet is compared: the same changes as a whole diff
+    // filtered afterwards (whether a change concerns it depends on its key alone), without
+    // canonicalising a thousand rules on each side per question.
+    const mine = (k: KernelState) => concerning(k, slots, packet, family);
+    const repairs = wanted ? diff(mine(owned), mine(wanted), this.nft).map(describeChange) : [];
     return {
       lookup: `ip route get fibmatch ${query.dst} from ${query.from}${iif ? ` iif ${iif}` : ''}`,
       iif,
@@ -1883,6 +1883,23 @@ function concerns(
   if ('route' in c) return mine(c.route.table, c.route.dev);
   if ('link' in c) return mine('main', c.link.name);
   return mine('main', c.address.dev);
+}
+
+/** The part of a kernel state whose changes would concern a packet (concerns()); nft kept whole. */
+function concerning(
+  k: KernelState,
+  services: readonly CarriedService[],
+  packet: { source: string; destination: string },
+  family: 4 | 6,
+): KernelState {
+  const keep = (c: KernelChange) => concerns(c, services, packet, family);
+  return {
+    links: k.links.filter((link) => keep({ op: 'add', link })),
+    addresses: k.addresses.filter((address) => keep({ op: 'add', address })),
+    rules: k.rules.filter((rule) => keep({ op: 'add', rule })),
+    routes: k.routes.filter((route) => keep({ op: 'add', route })),
+    nft: k.nft,
+  };
 }
 
 /**

@@ -1,10 +1,12 @@
 /**
  * Explain against the real kernel, in network namespaces (netns-topology.ts: client, ingress, two
- * exits, dest; three real agents with their data planes): for random sets of routes of the two
- * services from the ingress (overlapping prefixes, priorities, sources, both families) and
- * random packets, explain's winner at the ingress is where the packet really goes, sent for real
- * from the client and seen at the destination through that exit (or nowhere when nothing
- * selects it), and the kernel's view agrees; the test prints how many packets it tried. Then a
+ * exits, dest; three real agents with their data planes): for random sets of services from the
+ * ingress (either exit or both, each over tcp or kcp) with random routes (overlapping
+ * prefixes, priorities, sources, both families) and random packets, explain's winner at the
+ * ingress is where the packet really goes, sent for real from the client and seen at the
+ * destination through that service's exit (or nowhere when nothing selects it), and the kernel's
+ * view agrees (the kernel sends it into that very service's TUN); the test prints its seed and
+ * how many packets it tried (CRASH_SEED replays a run). Then a
  * rule and a route removed by hand: `kernel_agrees` false naming what is missing, repaired by the
  * reconciler and shown in GET /v1/dataplane. Then a failed exit: its route stands aside with the
  * health reason, and once back, waits out the hold-down.
@@ -13,13 +15,24 @@ import assert from 'node:assert/strict';
 import { type ChildProcess, spawn } from 'node:child_process';
 import { after, before, describe, it } from 'node:test';
 import { fileURLToPath } from 'node:url';
-import { createService, type MeshNetns, meshNetnsUp, UDP, until, waitUp } from '../helpers/mesh-netns.js';
+import {
+  createService,
+  type MeshNetns,
+  meshNetnsUp,
+  removeService,
+  UDP,
+  until,
+  waitUp,
+} from '../helpers/mesh-netns.js';
 import { IP, requireNetnsSupport } from '../helpers/netns-topology.js';
 import type { Node } from '../helpers/nodes.js';
 import { prng, SEED } from '../helpers/seeded-random.js';
 
 const PROBE = fileURLToPath(new URL('../helpers/udp-probe.js', import.meta.url));
 const HOLD_DOWN_MS = 4000;
+/** Random sets of services, and packets tried against each: about 60 s in all on 2 cores. */
+const ROUNDS = 6;
+const PACKETS_PER_ROUND = 15;
 /** The client's addresses (sources) and the destination's (destinations), both families. */
 const HOSTS = Array.from({ length: 8 }, (_, i) => i + 2);
 const DEST_HOSTS = Array.from({ length: 30 }, (_, i) => i + 2);
@@ -27,6 +40,7 @@ const v4 = (net: number, host: number) => `10.91.${net}.${host}`;
 const v6 = (net: number, host: number) => `fd91:${net}::${host.toString(16)}`;
 
 type Obj = Record<string, unknown>;
+type Exit = 'exit' | 'exit2';
 interface Ranked {
   route_id: number | null;
   service_id: string;
@@ -89,7 +103,7 @@ describe('explain against the kernel (network namespaces)', { timeout: 900_000 }
    * Sends one datagram from the client and says which exit it crossed (by the source the
    * destination saw: each exit's NAT address), or null when none arrived within `waitMs`.
    */
-  const send = async (source: string, destination: string, waitMs: number): Promise<string | null> => {
+  const sendVia = async (source: string, destination: string, waitMs: number): Promise<Exit | null> => {
     const id = `p${sent++}`;
     const mark = mesh.destLog().length;
     probe.stdin!.write(`${source} ${destination} ${UDP} ${id}\n`);
@@ -100,13 +114,36 @@ describe('explain against the kernel (network namespaces)', { timeout: 900_000 }
       const m = /udp-remote (\S+)/.exec(mesh.destLog().slice(mark));
       if (m) {
         const remote = m[1]!;
-        if (remote === IP.exitOut || remote === IP.exitOut6) return sB;
-        if (remote === IP.exit2Out || remote === IP.exit2Out6) return sC;
+        if (remote === IP.exitOut || remote === IP.exitOut6) return 'exit';
+        if (remote === IP.exit2Out || remote === IP.exit2Out6) return 'exit2';
         assert.fail(`the destination saw ${remote}: neither exit`);
       }
       if (Date.now() > end) return null;
       await new Promise((r) => setTimeout(r, 20));
     }
+  };
+  /** sendVia for the tests with the two fixed services: the service whose exit the packet crossed. */
+  const send = async (source: string, destination: string, waitMs: number): Promise<string | null> => {
+    const exit = await sendVia(source, destination, waitMs);
+    return exit === null ? null : exit === 'exit' ? sB : sC;
+  };
+
+  /**
+   * The two fixed services of the tests after the property test (one service per source and
+   * target: the property test's random ones go first).
+   */
+  const fixedServices = async () => {
+    if (sB !== '') return;
+    const left = await ingress.agent.client.get('/v1/services', { token: ingress.token });
+    for (const s of left.body as { id: string }[]) await removeService(ingress, s.id);
+    sB = await createService(ingress, { target_peer_id: mesh.exit.peerId }, [
+      { priority: 100, dest_cidr: '10.91.2.0/24' },
+    ]);
+    sC = await createService(ingress, { target_peer_id: mesh.exit2.peerId }, [
+      { priority: 100, dest_cidr: '10.91.2.0/24' },
+    ]);
+    await waitUp(sB, ingress, mesh.exit);
+    await waitUp(sC, ingress, mesh.exit2);
   };
 
   before(async () => {
@@ -125,14 +162,6 @@ describe('explain against the kernel (network namespaces)', { timeout: 900_000 }
       },
     });
     ingress = mesh.ingress;
-    sB = await createService(ingress, { target_peer_id: mesh.exit.peerId }, [
-      { priority: 100, dest_cidr: '10.91.2.0/24' },
-    ]);
-    sC = await createService(ingress, { target_peer_id: mesh.exit2.peerId }, [
-      { priority: 100, dest_cidr: '10.91.2.0/24' },
-    ]);
-    await waitUp(sB, ingress, mesh.exit);
-    await waitUp(sC, ingress, mesh.exit2);
     probe = spawn('ip', ['netns', 'exec', mesh.topo.ns.client, process.execPath, PROBE], {
       stdio: ['pipe', 'pipe', 'pipe'],
     });
@@ -146,7 +175,8 @@ describe('explain against the kernel (network namespaces)', { timeout: 900_000 }
     await mesh?.down();
   });
 
-  it("explain's winner is where the packet really goes, for random routes and packets", async () => {
+  it("explain's winner is where the packet really goes, for random services, routes and packets", async () => {
+    console.log(`explain property test: seed ${SEED} (CRASH_SEED=${SEED} replays it)`);
     const rand = prng(SEED);
     const int = (n: number) => Math.floor(rand() * n);
     const pick = <T>(xs: readonly T[]): T => xs[int(xs.length)]!;
@@ -158,7 +188,7 @@ describe('explain against the kernel (network namespaces)', { timeout: 900_000 }
       const kept = host & (prefix >= 128 ? 0xffff : (0xffff << (128 - prefix)) & 0xffff);
       return `${kept === 0 ? `fd91:${net}::` : v6(net, kept)}/${prefix}`;
     };
-    const randomRoute = (): { service: string; route: Obj } => {
+    const randomRoute = (): Obj => {
       const family = rand() < 0.6 ? 4 : 6;
       const dest = cidr(
         family,
@@ -175,36 +205,60 @@ describe('explain against the kernel (network namespaces)', { timeout: 900_000 }
           family === 4 ? pick([24, 29, 30, 31, 32]) : pick([64, 124, 126, 127, 128]),
         );
       }
-      return { service: pick([sB, sC]), route };
+      return route;
     };
+    const exits = { exit: mesh.exit, exit2: mesh.exit2 };
 
     let cases = 0;
     let carried = 0;
-    let agreed = 0;
-    for (let round = 0; round < 10; round++) {
-      const routes = Array.from({ length: 3 + int(5) }, randomRoute);
-      await setRoutes(routes);
-      for (let k = 0; k < 20; k++) {
+    let serviceCount = 0;
+    const started = Date.now();
+    for (let round = 0; round < ROUNDS; round++) {
+      // A random set of services (one per exit at most: one service per source and target), each
+      // with its transport and 1 to 6 routes; sometimes both exits, sometimes either alone.
+      const chosen = pick([['exit'], ['exit2'], ['exit', 'exit2'], ['exit', 'exit2']] as const);
+      const specs = chosen.map((exit) => ({
+        exit,
+        transport: pick(['tcp', 'kcp'] as const),
+        routes: Array.from({ length: 1 + int(6) }, randomRoute),
+      }));
+      const services = new Map<string, (typeof specs)[number]>();
+      for (const spec of specs) {
+        const id = await createService(
+          ingress,
+          { target_peer_id: exits[spec.exit].peerId, transport_type: spec.transport },
+          spec.routes,
+        );
+        services.set(id, spec);
+      }
+      serviceCount += specs.length;
+      for (const [id, spec] of services) await waitUp(id, ingress, exits[spec.exit]);
+      const sync = await ingress.agent.client.post('/v1/cluster/sync', { token: ingress.token });
+      assert.equal(sync.status, 200, sync.text);
+      const described = JSON.stringify([...services].map(([id, s]) => ({ id, ...s })));
+      for (let k = 0; k < PACKETS_PER_ROUND; k++) {
         const family = rand() < 0.6 ? 4 : 6;
         const source = family === 4 ? v4(1, pick(HOSTS)) : v6(1, pick(HOSTS));
         const destination = family === 4 ? v4(2, pick(DEST_HOSTS)) : v6(2, pick(DEST_HOSTS));
         const e = await explain(source, destination);
-        const what = `seed ${SEED} round ${round}: ${source} -> ${destination}; routes ${JSON.stringify(routes)}; ${e.verdict}`;
+        const what = `seed ${SEED} round ${round}: ${source} -> ${destination}; services ${described}; ${e.verdict}`;
         assert.equal(e.kernel_agrees, true, `${what}: ${e.kernel_difference}`);
-        const expected = e.winner?.service_id ?? null;
-        const went = await send(source, destination, expected ? 3000 : 800);
-        assert.equal(went, expected, what);
+        const expected = e.winner ? services.get(e.winner.service_id)! : null;
+        const went = await sendVia(source, destination, expected ? 3000 : 800);
+        assert.equal(went, expected?.exit ?? null, what);
         cases++;
         if (went) carried++;
-        if (e.kernel_agrees) agreed++;
       }
+      for (const id of services.keys()) await removeService(ingress, id);
     }
     const sorted = [...explainMs].sort((a, b) => a - b);
     const at = (p: number) => sorted[Math.min(sorted.length - 1, Math.floor(p * sorted.length))]!.toFixed(1);
     console.log(`explain with the kernel view (a few routes): p50 ${at(0.5)} ms, p99 ${at(0.99)} ms`);
     console.log(
-      `explain property test: ${cases} packets tried (seed ${SEED}), ${carried} carried through an exit, ` +
-        `${cases - carried} selected by no route; the winner matched every one, the kernel view agreed on ${agreed}`,
+      `explain property test: ${cases} packets tried over ${ROUNDS} random sets of services ` +
+        `(${serviceCount} services in all; seed ${SEED}), ${carried} carried through an exit, ` +
+        `${cases - carried} selected by no route; explain's winner and the kernel agreed on every one ` +
+        `(${((Date.now() - started) / 1000).toFixed(0)} s)`,
     );
     assert.ok(
       carried > cases / 4 && carried < cases,
@@ -213,6 +267,7 @@ describe('explain against the kernel (network namespaces)', { timeout: 900_000 }
   });
 
   it('a rule, then a route, removed by hand: kernel_agrees false naming it, repaired, shown in /v1/dataplane', async () => {
+    await fixedServices();
     await setRoutes([{ service: sB, route: { priority: 1, dest_cidr: '10.91.2.0/24' } }]);
     const before = (await ingress.agent.client.get('/v1/dataplane', { token: ingress.token })).body as Obj;
     assert.equal(before.running, true);
@@ -264,6 +319,7 @@ describe('explain against the kernel (network namespaces)', { timeout: 900_000 }
   });
 
   it('a failed exit: its route stands aside with the health reason, then waits out the hold-down', async () => {
+    await fixedServices();
     await setRoutes([
       { service: sB, route: { priority: 1, dest_cidr: '10.91.2.0/24' } },
       { service: sC, route: { priority: 5, dest_cidr: '10.91.2.0/24' } },

@@ -1,53 +1,10 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import {
-  LinuxKernel,
-  nftBody,
-  parseAddresses,
-  parseLink,
-  parseRoute,
-  parseRouteAnswers,
-  parseRule,
-  splitJsonDocuments,
-} from './linux.js';
+import { LinuxKernel, nftBody, parseAddresses, parseLink, parseRoute, parseRule } from './linux.js';
 
 // Samples are what iproute2 6.1 prints (`ip -N -j rule show`, `ip -N -j route show table all`,
 // `ip -j -d addr show`); the root test in test/dataplane/kernel-port.root.test.ts checks the real thing.
 describe('LinuxKernel parsing', () => {
-  it('splits the JSON documents of an `ip -j -batch` run', () => {
-    assert.deepStrictEqual(splitJsonDocuments('[{"a":"]["}]\n[]\n[{"b":"\\"}"}]\n'), [
-      [{ a: '][' }],
-      [],
-      [{ b: '"}' }],
-    ]);
-    assert.deepStrictEqual(splitJsonDocuments(''), []);
-  });
-
-  it('reads route lookups of a -force batch: the matched route, its device, the lines refused', () => {
-    // `ip -j -force -batch -` of: link show; route get fibmatch 10.5.0.9 / 10.7.0.1 (unreachable)
-    // / 8.8.8.8 (default) / 10.6.1.1 (multipath) / 10.8.0.9 (host route) / fd00::1 (none).
-    const stdout = [
-      '[{"ifindex":1,"ifname":"lo","flags":["LOOPBACK","UP","LOWER_UP"],"operstate":"UNKNOWN"},{"ifindex":3,"ifname":"d0","flags":["BROADCAST","MULTICAST","UP","LOWER_UP"],"operstate":"UP"},{"ifindex":4,"ifname":"d2","flags":["NO-CARRIER","BROADCAST","UP"],"operstate":"LOWERLAYERDOWN"}]',
-      '[{"dst":"10.5.0.0/24","dev":"d0","protocol":"kernel","scope":"link","prefsrc":"10.5.0.1","flags":[]}]',
-      '[{"dst":"default","gateway":"10.5.0.254","dev":"d0","flags":[]}]',
-      '[{"dst":"10.6.0.0/16","flags":[],"nexthops":[{"gateway":"10.5.0.2","dev":"d0","weight":1,"flags":[]},{"gateway":"10.5.0.3","dev":"d0","weight":1,"flags":[]}]}]',
-      '[{"dst":"10.8.0.9","dev":"d2","scope":"link","flags":[]}]',
-      '',
-    ].join('\n');
-    const stderr =
-      'RTNETLINK answers: No route to host\nCommand failed -:3\nRTNETLINK answers: Network is unreachable\nCommand failed -:7\n';
-    const up = { usable: true, operstate: 'UP' };
-    assert.deepStrictEqual(parseRouteAnswers(6, stdout, stderr), [
-      { dev: 'd0', gateway: null, prefix: '10.5.0.0/24', ...up },
-      null,
-      { dev: 'd0', gateway: '10.5.0.254', prefix: '0.0.0.0/0', ...up },
-      { dev: 'd0', gateway: '10.5.0.2', prefix: '10.6.0.0/16', ...up },
-      { dev: 'd2', gateway: null, prefix: '10.8.0.9/32', usable: false, operstate: 'LOWERLAYERDOWN' },
-      null,
-    ]);
-    assert.throws(() => parseRouteAnswers(1, '', 'Cannot find device\nCommand failed -:1\n'), /link show/);
-  });
-
   it('parses rules into the canonical form', () => {
     assert.deepStrictEqual(
       parseRule(4, {

@@ -1,13 +1,15 @@
 /**
  * The kernel port on the real Linux kernel: changes go through `ip -batch -` and `nft -f -` (as
- * few processes as the order allows), observation parses `ip -j` and `nft list` into the
- * canonical form of canonical.ts. Every command can run inside a named network namespace
- * (`ip -n NS`, `ip netns exec NS nft`), which is how the tests drive it. TUN devices come from the
+ * few processes as the order allows); observation and route lookups read netlink in this process
+ * (rtnetlink.ts, the netlink addon, libnftables for the nft table; docs/architecture.md, "Reading
+ * the kernel") into the canonical form of canonical.ts. Everything can run inside a named network
+ * namespace (`ip -n NS`, `ip netns exec NS nft`, setns for netlink), which is how the tests drive it. TUN devices come from the
  * caller's openTun (the native addon); this module only sets them up and removes them.
  * Used by the agent's data plane (src/dataplane) and its root tests.
  */
 import { spawn } from 'node:child_process';
 import { readFile, writeFile } from 'node:fs/promises';
+import { NETLINK_ROUTE, netlinkRequest, nftCommand } from '../../native/netlink.js';
 import {
   canonicalCidr,
   canonicalDst,
@@ -33,6 +35,19 @@ import {
   type Uplink,
 } from './port.js';
 import { type Rendered, renderChange, type Tool } from './render.js';
+import {
+  decodeLinks,
+  decodeRoutes,
+  decodeRules,
+  dumpAddressesRequest,
+  dumpLinksRequest,
+  dumpRoutesRequest,
+  dumpRulesRequest,
+  type NlRule as IpRule,
+  NetlinkError,
+  routeGetRequest,
+  withAddresses,
+} from './rtnetlink.js';
 
 export interface LinuxKernelOptions {
   /** Run every command inside this named network namespace (`ip netns add NAME`). */
@@ -63,21 +78,6 @@ interface IpLink {
   addr_info?: { family: string; local: string; prefixlen: number }[];
 }
 
-/** What `ip -N -j rule show` prints per rule. */
-interface IpRule {
-  priority: number;
-  src?: string;
-  srclen?: number;
-  dst?: string;
-  dstlen?: number;
-  iif?: string;
-  fwmark?: string;
-  fwmask?: string;
-  ipproto?: string;
-  sport?: number;
-  table?: string;
-}
-
 /** What `ip -N -j route show table all` prints per route. */
 interface IpRoute {
   type?: string;
@@ -99,27 +99,6 @@ interface Raw {
 }
 
 const FAMILY_TOOL: Record<Family, Tool> = { 4: 'ip -4', 6: 'ip -6' };
-
-/** Splits the concatenated JSON documents `ip -j -batch` prints (one per command). */
-export function splitJsonDocuments(text: string): unknown[] {
-  const docs: unknown[] = [];
-  let depth = 0;
-  let start = -1;
-  let inString = false;
-  let escaped = false;
-  for (let i = 0; i < text.length; i++) {
-    const ch = text[i];
-    if (inString) {
-      if (escaped) escaped = false;
-      else if (ch === '\\') escaped = true;
-      else if (ch === '"') inString = false;
-    } else if (ch === '"') inString = true;
-    else if (ch === '[' || ch === '{') {
-      if (depth++ === 0) start = i;
-    } else if ((ch === ']' || ch === '}') && --depth === 0) docs.push(JSON.parse(text.slice(start, i + 1)));
-  }
-  return docs;
-}
 
 const ipprotoName = (p: string | undefined): 'tcp' | 'udp' | undefined =>
   p === 'tcp' || p === 'ipproto-6' || p === '6'
@@ -353,35 +332,68 @@ export class LinuxKernel implements KernelPort {
 
   async routeGet(queries: readonly RouteQuery[]): Promise<(RouteAnswer | null)[]> {
     if (queries.length === 0) return [];
-    // One run for all of them: the links first (their state), then one lookup per query. With
-    // -force a lookup the kernel refuses (no route) prints nothing and names its line on stderr.
-    const lines = ['link show', ...queries.map(routeGetLine)];
-    const res = await this.exec(this.ipArgv(['-j', '-force', '-batch', '-']), `${lines.join('\n')}\n`);
-    return parseRouteAnswers(queries.length, res.stdout, res.stderr);
+    // The links first (their state, and the input interface's index), then one lookup per query,
+    // as `ip route get fibmatch` asks it. A lookup the kernel refuses (no route, an unknown input
+    // interface) is no route, as it was with `ip -force`.
+    const links = decodeLinks(this.netlink(dumpLinksRequest()));
+    const names = new Map(links.map((l) => [l.ifindex, l.ifname]));
+    const byName = new Map(links.map((l) => [l.ifname, l]));
+    return queries.map((q) => {
+      const iifIndex = q.iif === undefined ? undefined : byName.get(q.iif)?.ifindex;
+      if (q.iif !== undefined && iifIndex === undefined) return null;
+      try {
+        const request = routeGetRequest({ dst: q.dst, from: q.from, iifIndex, mark: q.mark });
+        const [route] = decodeRoutes(this.netlink(request), names, `route get ${q.dst}`);
+        return route ? routeAnswer(route, byName) : null;
+      } catch (err) {
+        if (err instanceof NetlinkError) return null;
+        throw err;
+      }
+    });
   }
 
-  /** Reads links with addresses, rules and routes of both families, and the nft table, at once. */
+  /**
+   * Reads links with addresses, rules and routes of both families, and the nft table: netlink
+   * dumps and one libnftables listing in this process, no process started (docs/architecture.md,
+   * "Reading the kernel").
+   */
   private async raw(): Promise<Raw> {
-    const both = ['rule show', 'route show table all'];
-    const [links, four, six, nft] = await Promise.all([
-      this.ipJson(['-j', '-d', 'addr', 'show']),
-      this.ipBatchJson('ip -4', both),
-      this.ipBatchJson('ip -6', both),
-      this.listNft(),
-    ]);
+    const links = withAddresses(
+      decodeLinks(this.netlink(dumpLinksRequest())),
+      this.netlink(dumpAddressesRequest()),
+    );
+    const names = new Map(links.map((l) => [l.ifindex, l.ifname]));
+    const rules = (family: Family) => decodeRules(this.netlink(dumpRulesRequest(family)));
+    const routes = (family: Family) =>
+      decodeRoutes(this.netlink(dumpRoutesRequest(family)), names, 'route dump');
     return {
-      links: links as IpLink[],
-      rules: { 4: (four[0] ?? []) as IpRule[], 6: (six[0] ?? []) as IpRule[] },
-      routes: { 4: (four[1] ?? []) as IpRoute[], 6: (six[1] ?? []) as IpRoute[] },
-      nft,
+      links,
+      rules: { 4: rules(4), 6: rules(6) },
+      routes: { 4: routes(4), 6: routes(6) },
+      nft: this.listNft(),
     };
   }
 
-  private async listNft(): Promise<string | null> {
-    const res = await this.exec(this.nftArgv(['list', 'table', 'inet', NFT_TABLE]));
-    if (res.code === 0) return res.stdout;
-    if (/No such file or directory/.test(res.stderr)) return null;
-    throw new KernelError(`nft list table inet ${NFT_TABLE}`, res.stderr);
+  /** One netlink request in the kernel's (or the namespace's) routing netlink. */
+  private netlink(request: Buffer): Buffer {
+    try {
+      return netlinkRequest(NETLINK_ROUTE, request, this.netns);
+    } catch (err) {
+      throw new KernelError('netlink request', (err as Error).message);
+    }
+  }
+
+  private listNft(): string | null {
+    const command = `list table inet ${NFT_TABLE}`;
+    let res: { code: number; output: string; error: string };
+    try {
+      res = nftCommand(command, this.netns);
+    } catch (err) {
+      throw new KernelError(`nft ${command}`, (err as Error).message);
+    }
+    if (res.code === 0) return res.output;
+    if (/No such file or directory/.test(res.error)) return null;
+    throw new KernelError(`nft ${command}`, res.error);
   }
 
   private async runGroup(group: Rendered[]): Promise<void> {
@@ -429,13 +441,6 @@ export class LinuxKernel implements KernelPort {
     const res = await this.exec(this.ipArgv(args));
     if (res.code !== 0) throw new KernelError(`ip ${args.join(' ')}`, res.stderr);
     return JSON.parse(res.stdout || '[]');
-  }
-
-  private async ipBatchJson(tool: Tool, lines: string[]): Promise<unknown[]> {
-    const args = ['-N', '-j', ...tool.split(' ').slice(1), '-batch', '-'];
-    const res = await this.exec(this.ipArgv(args), `${lines.join('\n')}\n`);
-    if (res.code !== 0) throw new KernelError(`${tool} -j -batch - (${lines.join('; ')})`, res.stderr);
-    return splitJsonDocuments(res.stdout);
   }
 
   private ipArgv(args: string[]): string[] {
@@ -490,43 +495,6 @@ function ownedRaw(raw: Raw) {
     rules[4].length + rules[6].length + routeTables[4].length + routeTables[6].length + links.length === 0 &&
     raw.nft === null;
   return { rules, tables: routeTables, links, nft: raw.nft !== null, empty };
-}
-
-/** One `ip route get fibmatch` line: the lookup as the kernel does it, answered by the route it matched. */
-function routeGetLine(q: RouteQuery): string {
-  const words = ['route', 'get', 'fibmatch', q.dst];
-  if (q.from !== undefined) words.push('from', q.from);
-  if (q.iif !== undefined) words.push('iif', q.iif);
-  if (q.mark !== undefined) words.push('mark', `0x${q.mark.toString(16)}`);
-  return words.join(' ');
-}
-
-/**
- * The answers of a `link show` + `route get fibmatch`... batch run with -force: stdout holds the
- * links, then one document per lookup that succeeded; stderr names the lines that failed
- * ("Command failed -:N", counting from 1), which are the lookups without a route.
- */
-export function parseRouteAnswers(count: number, stdout: string, stderr: string): (RouteAnswer | null)[] {
-  const failed = new Set([...stderr.matchAll(/Command failed -:(\d+)/g)].map((m) => Number(m[1])));
-  if (failed.has(1)) throw new KernelError('ip -j link show', stderr);
-  const documents = splitJsonDocuments(stdout);
-  const links = new Map(
-    ((documents[0] ?? []) as { ifname: string; operstate?: string; flags?: string[] }[]).map((l) => [
-      l.ifname,
-      l,
-    ]),
-  );
-  const answers: (RouteAnswer | null)[] = [];
-  let next = 1;
-  for (let line = 2; line < count + 2; line++) {
-    if (failed.has(line)) {
-      answers.push(null);
-      continue;
-    }
-    const route = ((documents[next++] ?? []) as FibMatch[])[0];
-    answers.push(route ? routeAnswer(route, links) : null);
-  }
-  return answers;
 }
 
 interface FibMatch {
