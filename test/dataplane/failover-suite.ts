@@ -455,6 +455,12 @@ export function failoverSuite(transport: 'tcp' | 'kcp'): void {
         'through the first exit again',
         async () => assert.equal(await seenFrom(), IP.exitOut),
         60_000,
+        // What the ingress and the exits say of both services, for a failure to be read.
+        async () => ({
+          ingress: [await serviceAt(ingress, first), await serviceAt(ingress, second)],
+          exit: await serviceAt(exit, first).catch((e: Error) => e.message),
+          exit2: await serviceAt(exit2, second).catch((e: Error) => e.message),
+        }),
       );
     });
   });

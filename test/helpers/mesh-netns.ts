@@ -21,8 +21,13 @@ export const UDP = 9090;
 
 type Role = 'ingress' | 'exit' | 'exit2';
 
-/** Retries fn until it stops throwing, for at most ms. */
-export const until = (what: string, fn: () => Promise<void>, ms: number) =>
+/** Retries fn until it stops throwing, for at most ms; `describe` says the state when it gives up. */
+export const until = (
+  what: string,
+  fn: () => Promise<void>,
+  ms: number,
+  describe?: () => Promise<unknown> | unknown,
+) =>
   eventually(
     what,
     async () => {
@@ -30,6 +35,7 @@ export const until = (what: string, fn: () => Promise<void>, ms: number) =>
       return true;
     },
     ms,
+    describe,
   );
 
 export interface MeshNetns {
