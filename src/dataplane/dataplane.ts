@@ -1028,13 +1028,10 @@ export class DataPlane {
       }
       observed = await kernel.observe();
     }
-    // A TUN is created down with the default MTU, which observe() cannot tell from a configured
-    // one: until an apply has set it up, show it with no MTU so that diff sets it (and up) again.
     // Only the names known now are set up by this apply: a TUN made again while it runs
     // (tunFailed) waits for the next one.
     const settingUp = [...this.tunsToSetUp];
-    observed.links = observed.links.map((l) => (this.tunsToSetUp.has(l.name) ? { ...l, mtu: 0 } : l));
-    const changes = diff(observed, next.kernel, this.nft);
+    const changes = diff(this.asReconcileSees(observed), next.kernel, this.nft);
     // What was wanted has not changed since the last apply, yet the kernel differs: drift.
     const desired = JSON.stringify(next.kernel);
     const drift = changes.length > 0 && desired === this.appliedKernel;
@@ -1578,7 +1575,7 @@ export class DataPlane {
       .filter((c): c is Carried => c !== undefined)
       .map((c) => c.service);
     const wanted = this.lastPlan?.kernel;
-    owned.links = owned.links.map((l) => (this.tunsToSetUp.has(l.name) ? { ...l, mtu: 0 } : l));
+    this.asReconcileSees(owned);
     // Only the state that concerns the packet is compared: the same changes as a whole diff
     // filtered afterwards (whether a change concerns it depends on its key alone), without
     // canonicalising a thousand rules on each side per question.
@@ -1597,6 +1594,16 @@ export class DataPlane {
     };
   }
 
+  /**
+   * A TUN is created down with the default MTU, which observe() cannot tell from a configured
+   * one: until an apply has set it up, it shows with no MTU, so that diff sets it (and up) again.
+   * Changes `observed` in place and returns it.
+   */
+  private asReconcileSees(observed: KernelState): KernelState {
+    observed.links = observed.links.map((l) => (this.tunsToSetUp.has(l.name) ? { ...l, mtu: 0 } : l));
+    return observed;
+  }
+
   /** Health changes since start, by the state or reason a service went to. */
   healthChangeCounts(): ReadonlyMap<string, number> {
     return this.healthChanges;
@@ -1610,13 +1617,11 @@ export class DataPlane {
   /**
    * GET /v1/dataplane: what this agent owns in the kernel now against what it wants (the last
    * plan), what the next reconcile would change, the last reconcile, and the repairs since start.
-   * Reads the kernel (one observe: a few `ip -j` and `nft list`).
+   * Reads the kernel (one observe: netlink dumps and the nft listing).
    */
   async driftReport(): Promise<DriftReport> {
     const wanted = this.lastPlan?.kernel ?? null;
-    const owned = await this.options.kernel.observe();
-    // A TUN not set up yet shows as one (mtu 0), as the reconcile sees it.
-    owned.links = owned.links.map((l) => (this.tunsToSetUp.has(l.name) ? { ...l, mtu: 0 } : l));
+    const owned = this.asReconcileSees(await this.options.kernel.observe());
     const differences = wanted ? diff(owned, wanted, this.nft) : [];
     const count = (k: KernelState | null) =>
       k && {
