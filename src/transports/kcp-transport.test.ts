@@ -26,6 +26,7 @@ interface Pair {
   pa: Peer;
   pb: Peer;
   relay: UdpRelay;
+  directory: StaticPeerDirectory;
   /** Messages B received from A, whole. */
   atB: Buffer[];
   close(): Promise<void>;
@@ -69,6 +70,7 @@ async function makePair(
     pa,
     pb,
     relay,
+    directory,
     atB,
     close: async () => {
       if (closed) return;
@@ -317,6 +319,60 @@ describe('kcp transport', { timeout: 180_000 }, () => {
     assert.equal(p.b.datagramStats().dropped.auth, 0);
     await p.close();
   });
+
+  for (const rekeyDue of [false, true]) {
+    it(`the acceptor restarts unheard (kill -9)${rekeyDue ? ' while a rekey is due' : ''}: the dialer redials well within deadAfterMs`, async () => {
+      // deadAfterMs is out of reach: only the restarted side's answer can end the old link.
+      const timing = {
+        keepaliveIntervalMs: 200,
+        deadAfterMs: 60_000,
+        ...(rekeyDue ? { rekeyAfterMs: 300 } : {}),
+      };
+      const p = await makePair(timing);
+      const tunnel = p.a.tunnel(p.pb.id)!;
+      tunnel.send([Buffer.from('before')]);
+      await eventually('before', () => p.atB.length === 1, 5000);
+      const port = p.b.address().port;
+      // The old B's CLOSEs are lost on the way: to A it just went quiet, as a killed process does.
+      p.relay.blackholed = true;
+      await p.b.close();
+      await sleep(rekeyDue ? 600 : 100);
+      const b2 = await KcpTransport.start({
+        localPeerId: p.pb.id,
+        identityKey: p.pb.key,
+        directory: p.directory,
+        bind: { address: '127.0.0.1', port },
+        backoff: { minMs: 50, maxMs: 500 },
+        handshakeRetryMs: 250,
+        ...timing,
+      });
+      const atB2: string[] = [];
+      b2.on('message', (_p, m: TunnelMessage) => atB2.push(wholeOf(m).toString()));
+      b2.ensure(p.pa.id);
+      p.relay.blackholed = false;
+      const restartedAt = performance.now();
+      try {
+        const took = await eventually(
+          'a message reaches the restarted B',
+          () => {
+            if (tunnel.state === 'up') tunnel.send([Buffer.from('after')]);
+            return atB2.includes('after');
+          },
+          15_000,
+          () => ({ a: p.a.kcpStats(p.pb.id), state: tunnel.state, b2: b2.datagramStats().dropped }),
+        );
+        console.log(
+          `# acceptor restarted${rekeyDue ? ' (rekey due)' : ''}: carrying again after ${took.toFixed(0)} ms`,
+        );
+        assert.ok(performance.now() - restartedAt < 15_000);
+        assert.equal(tunnel.stats().connects, 2, 'the old link ended and a new one was dialed');
+        assert.equal(b2.tunnel(p.pa.id)?.state, 'up');
+      } finally {
+        await b2.close();
+        await p.close();
+      }
+    });
+  }
 
   it('silentMs: low while keepalives are answered, growing through an outage, low again after', async () => {
     const p = await makePair({ keepaliveIntervalMs: 100, deadAfterMs: 15_000 });

@@ -11,8 +11,12 @@
  * handshakeRetryMs, up to handshakeTimeoutMs); once the RESPONSE authenticates the peer it opens a
  * link and sends a PING at once. The responder creates its link on the first authenticated DATA
  * that carries a KCP conv it has not seen from that peer (a newer conv replaces the older link;
- * the retired convs' late datagrams are dropped, never reopened). The dialer re-handshakes every
- * rekeyAfterMs (secure-datagram.ts) under the same link: KCP state survives rekeys.
+ * the retired convs' late datagrams are dropped, never reopened). A datagram of a conv we have no
+ * link for whose sender already heard from that conv here (its una > 0: we restarted, or retired
+ * the link) is answered with a CLOSE of that conv, so the sender redials at once. The dialer
+ * re-handshakes every rekeyAfterMs (secure-datagram.ts) under the same link, KCP state surviving
+ * rekeys, and whenever the peer has been silent for two keepalive intervals (a restarted peer
+ * can authenticate nothing until then).
  *
  * Plaintext of a DATA datagram (after decryption):
  *   - empty: a keepalive (the endpoint's session confirmation after a rekey);
@@ -61,7 +65,14 @@ import { isIP } from 'node:net';
 import { peerIdFromPublicKey } from '../domain/ids.js';
 import { parsePeerAddress } from '../domain/peer-address.js';
 import type { BackoffOptions } from './backoff.js';
-import { checkKcpParams, DEFAULT_KCP_PARAMS, type KcpParams, KcpSession, type KcpStats } from './kcp/kcp.js';
+import {
+  checkKcpParams,
+  DEFAULT_KCP_PARAMS,
+  KCP_OVERHEAD,
+  type KcpParams,
+  KcpSession,
+  type KcpStats,
+} from './kcp/kcp.js';
 import {
   type HandshakeLimits,
   identityFromPrivateKey,
@@ -528,6 +539,15 @@ export class KcpTransport extends TunnelKeeper {
       else this.markDirty(link);
       return;
     }
+    if (heardFromUs(plaintext)) {
+      // The sender's link has received from a link of this conv here, and we have none: we
+      // restarted, or retired it and its CLOSEs were lost. Opening a link on it would sit
+      // forever waiting for segments the old one took (both sides acking, nothing delivered);
+      // telling the sender lets it redial at once instead of after deadAfterMs of silence.
+      this.counts.staleConv++;
+      this.sealAndSend(peerId, closeOf(conv), from);
+      return;
+    }
     if (this.retired.get(peerId)?.includes(conv) || this.isDialerFor(peerId)) {
       this.counts.staleConv++;
       return;
@@ -593,10 +613,20 @@ export class KcpTransport extends TunnelKeeper {
     this.immediate ??= setImmediate(this.processDirty);
   }
 
-  /** A dialer's link: start a rekey handshake when the endpoint says one is due. */
-  maybeRekey(link: KcpLink, lastInitAt: number, now: number): boolean {
-    if (link.role !== 'dialer' || now - lastInitAt < this.handshakeRetryMs) return false;
-    if (!this.endpoint.rekeyDue(link.peerId, Date.now())) return false;
+  /**
+   * A dialer's link: start a handshake when the endpoint says a rekey is due, or when the peer has
+   * been silent for two keepalive intervals. A peer that restarted lost its sessions: it cannot
+   * even authenticate what we send, and only a new handshake lets it answer (with a CLOSE of the
+   * link it no longer has, so we redial at once rather than after deadAfterMs). To a live peer
+   * behind an outage the handshake is a rekey like any other; the KCP connection carries on.
+   */
+  maybeRekey(link: KcpLink, lastInitAt: number, now: number, silentMs: number): boolean {
+    if (link.role !== 'dialer') return false;
+    const keepalive = this.timing.keepaliveIntervalMs;
+    const silent = silentMs > 2 * keepalive;
+    const every = silent ? Math.max(this.handshakeRetryMs, keepalive) : this.handshakeRetryMs;
+    if (now - lastInitAt < every) return false;
+    if (!silent && !this.endpoint.rekeyDue(link.peerId, Date.now())) return false;
     this.send(this.endpoint.initiate(link.peerId, link.peerKey, Date.now()), link.remote);
     return true;
   }
@@ -918,7 +948,7 @@ class KcpLink implements Link {
       this.ping(now);
       this.kcp.flush(now);
     }
-    if (this.transport.maybeRekey(this, this.lastInitAt, now)) this.lastInitAt = now;
+    if (this.transport.maybeRekey(this, this.lastInitAt, now, silentMs)) this.lastInitAt = now;
   }
 
   /** One timer: the engine's next flush (while it has data out), the pacing refill, the tick. */
@@ -947,9 +977,7 @@ class KcpLink implements Link {
   };
 
   private sendClose(): void {
-    const close = Buffer.allocUnsafe(CLOSE_BYTES);
-    close.writeUInt32LE(this.conv, 0);
-    close[4] = CLOSE_MARK;
+    const close = closeOf(this.conv);
     for (let i = 0; i < CLOSE_COPIES; i++) this.transport.sealAndSend(this.peerId, close, this.remote, true);
   }
 
@@ -971,6 +999,22 @@ class KcpLink implements Link {
 }
 
 const EMPTY = Buffer.alloc(0);
+
+/** The CLOSE plaintext of the link `conv`. */
+function closeOf(conv: number): Buffer {
+  const close = Buffer.allocUnsafe(CLOSE_BYTES);
+  close.writeUInt32LE(conv, 0);
+  close[4] = CLOSE_MARK;
+  return close;
+}
+
+/**
+ * Whether a KCP datagram's sender had received segments of its conv already: a segment's una is
+ * the sender's next expected sequence number, 0 until our side of the conv first sent it data.
+ */
+function heardFromUs(datagram: Buffer): boolean {
+  return datagram.length >= KCP_OVERHEAD && datagram.readUInt32LE(16) !== 0;
+}
 
 /** A random non-zero conv. */
 function randomConv(): number {
