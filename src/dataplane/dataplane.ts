@@ -34,6 +34,7 @@ import {
   type CarriedService,
   carriedServices,
   cidrHolds,
+  holdsAddress,
   ingressRoutes,
   isSpecialDestination,
   type Plan,
@@ -1567,8 +1568,9 @@ export class DataPlane {
     const ingress = [...this.carried.values()].filter((c) => c.service.role === 'ingress');
     const into = answer ? ingress.find((c) => c.service.tun === answer.dev) : undefined;
     const family = packet.destination.includes(':') ? 6 : 4;
+    const at = packetAt(packet);
     const rule = owned.rules
-      .filter((r) => r.family === family && ruleHolds(r, packet.source, packet.destination, iif))
+      .filter((r) => r.family === family && ruleHolds(r, at, iif))
       .sort((a, b) => a.pref - b.pref)[0];
     // The slots whose state concerns the packet: the TUN it takes, and the one it should take.
     const slots = [into, expected ? this.carried.get(expected) : undefined]
@@ -1579,7 +1581,7 @@ export class DataPlane {
     // Only the state that concerns the packet is compared: the same changes as a whole diff
     // filtered afterwards (whether a change concerns it depends on its key alone), without
     // canonicalising a thousand rules on each side per question.
-    const mine = (k: KernelState) => concerning(k, slots, packet, family);
+    const mine = (k: KernelState) => concerning(k, slots, at, family);
     const repairs = wanted ? diff(mine(owned), mine(wanted), this.nft).map(describeChange) : [];
     return {
       lookup: `ip route get fibmatch ${query.dst} from ${query.from}${iif ? ` iif ${iif}` : ''}`,
@@ -1861,30 +1863,38 @@ function describeChange(change: KernelChange): string {
   }
 }
 
-/** Whether a policy rule holds an unmarked packet from `src` to `dst` arriving on `iif` (null: this host's own). */
-function ruleHolds(r: RuleSpec, src: string, dst: string, iif: string | null): boolean {
+/** A packet's source and destination, each ready to be tested against many networks. */
+interface PacketAt {
+  inSource: (network: string) => boolean;
+  inDestination: (network: string) => boolean;
+}
+
+function packetAt(packet: { source: string; destination: string }): PacketAt {
+  return { inSource: holdsAddress(packet.source), inDestination: holdsAddress(packet.destination) };
+}
+
+/** Whether a policy rule holds an unmarked packet arriving on `iif` (null: this host's own). */
+function ruleHolds(r: RuleSpec, packet: PacketAt, iif: string | null): boolean {
   if (r.fwmark && (0 & r.fwmark.mask) !== r.fwmark.value) return false;
   // The packet's source port is not known: a rule on one (the API port's exclusion) is not taken.
   if (r.ipproto !== undefined || r.sport !== undefined) return false;
   if (r.iif !== undefined && r.iif !== (iif ?? 'lo')) return false;
-  return (r.from === undefined || cidrHolds(r.from, src)) && (r.to === undefined || cidrHolds(r.to, dst));
+  return (
+    (r.from === undefined || packet.inSource(r.from)) && (r.to === undefined || packet.inDestination(r.to))
+  );
 }
 
 /** Whether a change the reconciler would make concerns a packet: its services' TUN and tables, or a rule holding it. */
 function concerns(
   c: KernelChange,
   services: readonly CarriedService[],
-  packet: { source: string; destination: string },
+  packet: PacketAt,
   family: 4 | 6,
 ): boolean {
   if (c.op === 'nft') return true;
   const mine = (table: number | 'main', dev?: string) =>
     services.some((s) => table === tableOf(s.slot) || dev === s.tun);
-  if ('rule' in c)
-    return (
-      mine(c.rule.table) ||
-      (c.rule.family === family && ruleHolds(c.rule, packet.source, packet.destination, null))
-    );
+  if ('rule' in c) return mine(c.rule.table) || (c.rule.family === family && ruleHolds(c.rule, packet, null));
   if ('route' in c) return mine(c.route.table, c.route.dev);
   if ('link' in c) return mine('main', c.link.name);
   return mine('main', c.address.dev);
@@ -1894,7 +1904,7 @@ function concerns(
 function concerning(
   k: KernelState,
   services: readonly CarriedService[],
-  packet: { source: string; destination: string },
+  packet: PacketAt,
   family: 4 | 6,
 ): KernelState {
   const keep = (c: KernelChange) => concerns(c, services, packet, family);
