@@ -133,7 +133,7 @@ export type DropReason =
   | 'malformed'
   | 'tunnel_down'
   | 'tun_write'
-  /** Over the service's bandwidth limit with the flow's queue full. */
+  /** Over the service's bandwidth limit: the flow's queue full, or CoDel's late drop (shaper.ts). */
   | 'shaped';
 
 export interface ServiceCounters {
@@ -1139,7 +1139,7 @@ export class DataPlane {
       // shaper tolerates half its depth), at the cost of bursts of 50 ms of the rate. At 20 ms a
       // kcp exit on two loaded cores sent 85-90 % of the limit (its loop stalls longer than
       // 10 ms), at 50 ms 95 % and more; tcp reached 99 % either way.
-      shaper: new FairShaper({ mbps: 0, burstMs: 50 }),
+      shaper: new FairShaper({ mbps: 0, burstMs: 50, onLateDrop: () => this.drop('shaped', carried, 1) }),
       mbps: 0,
     };
     this.listenTo(carried);

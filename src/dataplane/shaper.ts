@@ -3,8 +3,9 @@
  * that direction's payload at `bandwidth_limit_mbps` (10^6 bit/s), paced, and shares it fairly
  * between the service's flows. The same shaper serves the stream path (TCP chunks read from
  * sockets: request(), the socket stays paused until `go` runs) and the packet path (IP packets
- * from a TUN: offer(), which queues up to a cap and then drops). Pure logic: time and timers come
- * from an injected Clock, so tests run on a fake clock. Used by the data plane (src/dataplane).
+ * from a TUN: offer(), which queues up to a cap and then drops, and drops by sojourn time at the
+ * head: CoDel per flow, below). Pure logic: time and timers come from an injected Clock, so tests
+ * run on a fake clock. Used by the data plane (src/dataplane).
  *
  * How:
  * - Token bucket, rate·burstMs deep (default 10 ms), so the output is paced rather than bursty:
@@ -26,6 +27,13 @@
  *   Timers tick in whole milliseconds, so under contention a flow with one chunk outstanding gets
  *   at most one chunk per (tick + its read delay): a flow of small chunks is limited by its own
  *   demand (a socket held back reads bigger chunks, up to 64 KiB, so real flows adapt).
+ * - CoDel (RFC 8289) on each packet flow, as fq_codel runs it: a packet about to leave that has
+ *   waited longer than the target (5 ms, or 1.5 times the largest packet's at low rates) while its flow's queue
+ *   has stayed above the target for a whole interval (100 ms, at least twice the target) is
+ *   dropped instead, and while that lasts drops follow at interval/sqrt(count). A sender that
+ *   reacts to loss (TCP inside the tunnel, a rate-adaptive UDP app) keeps its standing queue
+ *   near the target instead of filling the flow's cap; a burst shorter than the interval passes
+ *   whole. The cap stays as the hard bound. Stream requests are never dropped.
  * - Unlimited (0 Mbit/s) is a few comparisons on the hot path: request() runs `go` at once,
  *   offer() returns true. Limited, a request that need not wait costs a clock read, a map
  *   lookup and its tags (bench/dataplane/shaper-cost.ts).
@@ -60,6 +68,9 @@ export interface ShaperStats {
   /** offer() calls refused because the flow's queue was at its cap, and their bytes. */
   dropped: number;
   droppedBytes: number;
+  /** Queued packets CoDel dropped at the head (their `go` never ran), and their bytes. */
+  lateDropped: number;
+  lateDroppedBytes: number;
 }
 
 export interface FairShaperOptions {
@@ -68,6 +79,24 @@ export interface FairShaperOptions {
   clock?: Clock;
   /** Bucket depth in milliseconds of rate (default 10). */
   burstMs?: number;
+  /** CoDel dropped the flow's oldest queued packet (its `go` will never run). */
+  onLateDrop?: (flowId: number, bytes: number) => void;
+}
+
+/** RFC 8289's defaults, as fq_codel uses them. */
+const CODEL_TARGET_MS = 5;
+const CODEL_INTERVAL_MS = 100;
+/** The packet size assumed until a larger one is offered (the TUN's default MTU). */
+const CODEL_MTU_BYTES = 1500;
+
+/** CoDel's state for one packet flow (RFC 8289 §5). */
+class Codel {
+  /** When the sojourn time went above target with no dip since, plus the interval; null: below. */
+  firstAboveAt: number | null = null;
+  dropping = false;
+  dropNextAt = 0;
+  count = 0;
+  lastCount = 0;
 }
 
 type Go = () => void;
@@ -84,9 +113,16 @@ class Flow {
   seq = 0;
   sizes: number[] = [];
   gos: Array<Go | undefined> = [];
+  /** When each request was queued, for the packet path's sojourn time; -1 for a stream request. */
+  queuedAt: number[] = [];
   head = 0;
   queued = 0;
-  constructor(public epoch: number) {}
+  /** Made at the flow's first late-drop check (packet flows only). */
+  codel: Codel | undefined;
+  constructor(
+    readonly id: number,
+    public epoch: number,
+  ) {}
 }
 
 const EPS = 1e-6;
@@ -128,9 +164,18 @@ export class FairShaper {
   private grantedBytes = 0;
   private dropped = 0;
   private droppedBytes = 0;
+  private lateDropped = 0;
+  private lateDroppedBytes = 0;
+  private readonly onLateDrop: ((flowId: number, bytes: number) => void) | undefined;
+  /** CoDel's target and interval at the current rate and largest packet (ms). */
+  private codelTarget = CODEL_TARGET_MS;
+  private codelInterval = CODEL_INTERVAL_MS;
+  /** The largest packet offered: one of them queued is not a standing queue (RFC 8289 MAXPACKET). */
+  private maxPacket = CODEL_MTU_BYTES;
 
   constructor(opts: FairShaperOptions) {
     this.clock = opts.clock ?? realClock;
+    this.onLateDrop = opts.onLateDrop;
     this.burstMs = opts.burstMs ?? 10;
     if (!(this.burstMs > 0) || !Number.isFinite(this.burstMs)) {
       throw new RangeError(`burstMs must be > 0: ${this.burstMs}`);
@@ -160,6 +205,7 @@ export class FairShaper {
       this.rate = (mbps * 1e6) / 8 / 1000;
       this.depth = this.rate * this.burstMs;
       this.half = this.depth / 2;
+      this.setCodelTimes();
       if (this.unlimited) {
         this.unlimited = false;
         this.tokens = this.depth;
@@ -192,13 +238,14 @@ export class FairShaper {
         return;
       }
     }
-    this.enqueue(flowId, bytes, go);
+    this.enqueue(flowId, bytes, go, -1);
   }
 
   /**
    * Packet path: true = send it now (`go` will not run); false = queued, `go` runs when it may be
-   * sent; 'drop' = this flow already has maxQueuedBytes waiting (counted in stats().dropped).
-   * `go` never runs inside offer().
+   * sent, or never if CoDel drops it then (onLateDrop, stats().lateDropped); 'drop' = this flow
+   * already has maxQueuedBytes waiting (counted in stats().dropped). `go` never runs inside
+   * offer().
    */
   offer(flowId: number, bytes: number, go: Go, maxQueuedBytes: number): true | false | 'drop' {
     if (!(bytes >= 0 && bytes < Infinity)) throw new RangeError(`packet size must be ≥ 0: ${bytes}`);
@@ -218,8 +265,21 @@ export class FairShaper {
       this.droppedBytes += bytes;
       return 'drop';
     }
-    this.enqueue(flowId, bytes, go);
+    if (bytes > this.maxPacket) {
+      this.maxPacket = bytes;
+      if (!this.unlimited) this.setCodelTimes();
+    }
+    this.enqueue(flowId, bytes, go, this.clock.now());
     return false;
+  }
+
+  /**
+   * Below about 3.6 Mbit/s a 1500-byte packet takes longer than 5 ms to leave: as cake does, the
+   * target grows to 1.5 times that, so that the packet being sent is not a standing queue.
+   */
+  private setCodelTimes(): void {
+    this.codelTarget = Math.max(CODEL_TARGET_MS, (1.5 * this.maxPacket) / this.rate);
+    this.codelInterval = Math.max(CODEL_INTERVAL_MS, 2 * this.codelTarget);
   }
 
   /** A flow ended: what it has waiting is dropped (its `go`s never run) and its tags are forgotten. */
@@ -252,6 +312,8 @@ export class FairShaper {
       grantedBytes: this.grantedBytes,
       dropped: this.dropped,
       droppedBytes: this.droppedBytes,
+      lateDropped: this.lateDropped,
+      lateDroppedBytes: this.lateDroppedBytes,
     };
   }
 
@@ -286,11 +348,12 @@ export class FairShaper {
     return true;
   }
 
-  private enqueue(flowId: number, bytes: number, go: Go): void {
+  private enqueue(flowId: number, bytes: number, go: Go, queuedAt: number): void {
     const f = this.flow(flowId);
     const wasIdle = this.heap.length === 0;
     f.sizes.push(bytes);
     f.gos.push(go);
+    f.queuedAt.push(queuedAt);
     f.queued += bytes;
     this.queuedBytes += bytes;
     if (f.hi < 0) {
@@ -324,7 +387,7 @@ export class FairShaper {
     let f = this.flows.get(id);
     if (f === undefined) {
       if (this.flows.size >= this.sweepAt) this.sweep();
-      f = new Flow(this.epoch);
+      f = new Flow(id, this.epoch);
       this.flows.set(id, f);
     } else if (f.epoch !== this.epoch) {
       f.epoch = this.epoch;
@@ -404,33 +467,101 @@ export class FairShaper {
             return;
           }
         }
+        const queuedAt = f.queuedAt[f.head]!;
+        if (queuedAt >= 0 && this.lateDrop(f, queuedAt)) {
+          // As fq_codel: a dropped packet costs its flow no share (its tags give the bytes back)
+          // and the bucket keeps its tokens for the next packet.
+          this.popHead(f, bytes, false);
+          this.lateDropped++;
+          this.lateDroppedBytes += bytes;
+          this.onLateDrop?.(f.id, bytes);
+          continue;
+        }
         this.tokens -= bytes;
       }
-      const go = f.gos[f.head]!;
-      f.gos[f.head] = undefined;
-      f.head++;
-      f.queued -= bytes;
-      this.queuedBytes -= bytes;
       this.grantedBytes += bytes;
-      const start = f.start;
-      if (f.head === f.sizes.length) {
-        f.sizes.length = 0;
-        f.gos.length = 0;
+      this.popHead(f, bytes, true)();
+    }
+  }
+
+  /** Takes the head request of the head flow out of the queue; its `go`. `sent`: it used its share. */
+  private popHead(f: Flow, bytes: number, sent: boolean): Go {
+    const go = f.gos[f.head]!;
+    f.gos[f.head] = undefined;
+    f.head++;
+    f.queued -= bytes;
+    this.queuedBytes -= bytes;
+    const start = f.start;
+    if (!sent) f.finish -= bytes;
+    if (f.head === f.sizes.length) {
+      f.sizes.length = 0;
+      f.gos.length = 0;
+      f.queuedAt.length = 0;
+      f.head = 0;
+      this.heapRemove(0);
+    } else {
+      if (f.head >= 1024 && f.head * 2 >= f.sizes.length) {
+        f.sizes.splice(0, f.head);
+        f.gos.splice(0, f.head);
+        f.queuedAt.splice(0, f.head);
         f.head = 0;
-        this.heapRemove(0);
-      } else {
-        if (f.head >= 1024 && f.head * 2 >= f.sizes.length) {
-          f.sizes.splice(0, f.head);
-          f.gos.splice(0, f.head);
-          f.head = 0;
-        }
+      }
+      if (sent) {
         f.start = start + bytes;
         f.seq = ++this.seq;
         this.down(0);
       }
-      this.advance(start);
-      go();
     }
+    if (sent) this.advance(start);
+    return go;
+  }
+
+  /**
+   * CoDel's dequeue (RFC 8289 §5.5) for the flow's head packet, about to leave: whether to drop
+   * it instead. Enters the dropping state once the sojourn time has stayed above the target for
+   * an interval; in it, drops one packet at each control-law time (interval / sqrt(count)) while
+   * the sojourn stays above; a count kept from a dropping state left less than 16 intervals ago
+   * starts the next one where it was (the queue came back: drop faster).
+   */
+  private lateDrop(f: Flow, queuedAt: number): boolean {
+    const now = this.clock.now();
+    f.codel ??= new Codel();
+    const c = f.codel;
+    const okToDrop = this.standingQueue(c, now - queuedAt, f.queued, now);
+    if (c.dropping) {
+      if (!okToDrop) {
+        c.dropping = false;
+        return false;
+      }
+      if (now < c.dropNextAt) return false;
+      c.count++;
+      c.dropNextAt = this.controlLaw(c.dropNextAt, c.count);
+      return true;
+    }
+    if (!okToDrop) return false;
+    c.dropping = true;
+    const delta = c.count - c.lastCount;
+    c.count = delta > 1 && now - c.dropNextAt < 16 * this.codelInterval ? delta : 1;
+    c.dropNextAt = this.controlLaw(now, c.count);
+    c.lastCount = c.count;
+    return true;
+  }
+
+  /** RFC 8289's ok_to_drop: above target for at least an interval, with more than a packet queued. */
+  private standingQueue(c: Codel, sojournMs: number, queuedBytes: number, now: number): boolean {
+    if (sojournMs < this.codelTarget || queuedBytes <= this.maxPacket) {
+      c.firstAboveAt = null;
+      return false;
+    }
+    if (c.firstAboveAt === null) {
+      c.firstAboveAt = now + this.codelInterval;
+      return false;
+    }
+    return now >= c.firstAboveAt;
+  }
+
+  private controlLaw(at: number, count: number): number {
+    return at + this.codelInterval / Math.sqrt(count);
   }
 
   private arm(waitMs: number): void {
