@@ -91,6 +91,15 @@ export const STANDING_QUEUE_MS = 50;
 /** The least receive buffer a limited socket gets: a few segments, so that a slow limit still flows. */
 const MIN_RECEIVE_BUFFER = 8 * 1024;
 
+/**
+ * A limited stream asks its pacer for at most this much of the rate at a time, so that another
+ * flow of the service (a small request beside a download) waits behind one such quantum, not
+ * behind a 64 KiB frame (52 ms at 10 Mbit/s): fair queuing serves flows between grants.
+ */
+export const PACED_QUANTUM_MS = 5;
+/** The least quantum: a few segments, so that a slow limit is not cut into tiny frames. */
+const MIN_PACED_QUANTUM = 4 * 1024;
+
 export interface StreamMuxOptions {
   link: StreamLink;
   localPeerId: string;
@@ -243,6 +252,13 @@ export const emptyStats = (): StreamStats => ({
   resets: 0,
   refused: 0,
 });
+
+/** What a limited stream asks its pacer for at a time (PACED_QUANTUM_MS of the rate). */
+function pacedQuantum(pacer: Pacer): number {
+  const rate = pacer.bytesIn?.(PACED_QUANTUM_MS) ?? 0;
+  if (rate <= 0) return MAX_DATA_PAYLOAD;
+  return Math.min(MAX_DATA_PAYLOAD, Math.max(MIN_PACED_QUANTUM, Math.round(rate)));
+}
 
 function failReason(err: unknown): OpenFailReason {
   const code = (err as { code?: unknown } | null)?.code;
@@ -611,7 +627,7 @@ export class StreamMux {
   private pump(s: Stream): void {
     if (s.phase === 'open') {
       while (!s.pacing && s.pendingBytes > 0 && s.credit > 0 && !s.peer.blocked) {
-        const n = Math.min(s.pendingBytes, s.credit, MAX_DATA_PAYLOAD);
+        const n = Math.min(s.pendingBytes, s.credit, s.pacer ? pacedQuantum(s.pacer) : MAX_DATA_PAYLOAD);
         if (s.pacer) {
           s.pacing = true;
           // `go` may run at once (inside request); it sends and pumps on by itself either way.
