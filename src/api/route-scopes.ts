@@ -78,8 +78,8 @@ export const routeKey = (method: string, url: string): string =>
 
 /**
  * The guard of a route: its ROUTE_SCOPES entry, or public for the rendered API reference under
- * /docs, whose asset routes @fastify/swagger-ui registers (docs/decisions.md §7). `overrides` come from
- * the command line (`--metrics-public`).
+ * /docs, whose asset routes @fastify/swagger-ui registers (docs/decisions.md §7), and for the web
+ * console under /ui. `overrides` come from the command line (`--metrics-public`).
  */
 export function guardFor(
   method: string,
@@ -89,7 +89,9 @@ export function guardFor(
   const key = routeKey(method, url);
   if (key in overrides) return overrides[key];
   if (key in ROUTE_SCOPES) return ROUTE_SCOPES[key];
-  return url === '/docs' || url.startsWith('/docs/') ? 'public' : undefined;
+  const page = (prefix: string) => url === prefix || url.startsWith(`${prefix}/`);
+  // The console's files (docs/console.md) hold no data: every call it makes takes a token.
+  return page('/docs') || page('/ui') ? 'public' : undefined;
 }
 
 /** The tokenless guards: no bearer token, so no OpenAPI `security`. */
