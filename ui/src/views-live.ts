@@ -105,7 +105,13 @@ export function TopologyView() {
         const bend = 12 + (i % 5) * 8;
         const mx = (a.x + b.x) / 2 + ((b.y - a.y) / 200) * bend;
         const my = (a.y + b.y) / 2 - ((b.x - a.x) / 200) * bend;
-        return html`<path class=${`svc ${s.is_active === false ? 'inactive' : ''}`} d=${`M ${a.x} ${a.y} Q ${mx} ${my} ${b.x} ${b.y}`} marker-end="url(#arrow)"><title>service ${s.id}</title></path>`;
+        // Ends on the circles' edges, so the arrowhead shows outside the exit's node.
+        const edge = (p: { x: number; y: number }) => {
+          const len = Math.hypot(mx - p.x, my - p.y) || 1;
+          return { x: p.x + ((mx - p.x) / len) * 20, y: p.y + ((my - p.y) / len) * 20 };
+        };
+        const [from, to] = [edge(a), edge(b)];
+        return html`<path class=${`svc ${s.is_active === false ? 'inactive' : ''}`} d=${`M ${from.x} ${from.y} Q ${mx} ${my} ${to.x} ${to.y}`} marker-end="url(#arrow)"><title>service ${s.id}</title></path>`;
       })}
       ${list.map((p) => {
         const pos = at.get(p.id)!;
