@@ -291,7 +291,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   // The rendered API reference; Swagger UI's assets come from the npm package, not a CDN.
   await app.register(swaggerUi, { routePrefix: '/docs' });
   // The web console (docs/console.md): built files from disk, public like /docs.
-  registerConsoleRoutes(app);
+  registerConsoleRoutes(app, deps);
   app.get(
     '/openapi.json',
     { schema: { tags: ['docs'], summary: 'This OpenAPI 3.1 document (public)' } },

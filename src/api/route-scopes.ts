@@ -71,6 +71,11 @@ export const ROUTE_SCOPES: Readonly<Record<string, RouteGuard>> = {
   // Extensions (docs/events.md): admin, or the extension scope events.read.
   'GET /v1/events': 'events.read',
   'GET /v1/events/stream': 'events.read',
+
+  // Extensions (docs/console.md): `mesh-agent ui`'s one-time code, for any reading caller, and
+  // its redemption, where the code itself is the proof.
+  'POST /v1/console/codes': 'any-read',
+  'POST /v1/console/session': 'public',
 };
 
 export const routeKey = (method: string, url: string): string =>

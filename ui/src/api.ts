@@ -109,6 +109,21 @@ export async function signIn(clientId: string, clientSecret: string): Promise<Se
   return keepToken(body.access_token);
 }
 
+/** Signs in with the one-time code of a `mesh-agent ui` link (docs/console.md). */
+export async function signInWithCode(code: string): Promise<Session> {
+  const res = await fetch('/v1/console/session', {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ code }),
+    credentials: 'omit',
+  });
+  const body = (await res.json().catch(() => ({}))) as Record<string, string>;
+  if (!res.ok || typeof body.access_token !== 'string') {
+    throw new ApiFailure(res.status, body.code ?? `HTTP_${res.status}`, body.error ?? res.statusText);
+  }
+  return keepToken(body.access_token);
+}
+
 /**
  * Drops the token. `expired`: the session ran out rather than the user leaving, so where they
  * were is kept for after the next sign-in.

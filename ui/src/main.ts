@@ -1,7 +1,15 @@
 /** The console's shell: sign-in, the navigation and the view of the location's hash. */
 import { render } from 'preact';
 import { useEffect, useState } from 'preact/hooks';
-import { endSession, restoreSession, SCOPE_PREFIX, type Session, signIn, takeReturn } from './api.js';
+import {
+  endSession,
+  restoreSession,
+  SCOPE_PREFIX,
+  type Session,
+  signIn,
+  signInWithCode,
+  takeReturn,
+} from './api.js';
 import { ErrorBox, html } from './ui.js';
 import { CredentialsView, PeersView, ServicesView } from './views-config.js';
 import { EventsView, ExplainView, OverviewView, TopologyView } from './views-live.js';
@@ -22,8 +30,8 @@ const viewOf = (hash: string): ViewName => {
   return name in VIEWS ? (name as ViewName) : 'overview';
 };
 
-function Login(props: { onSignedIn: (s: Session) => void; expired: boolean }) {
-  const [error, setError] = useState<unknown>(undefined);
+function Login(props: { onSignedIn: (s: Session) => void; expired: boolean; codeError: unknown }) {
+  const [error, setError] = useState<unknown>(props.codeError);
   const [busy, setBusy] = useState(false);
   const submit = async (e: Event) => {
     e.preventDefault();
@@ -60,6 +68,18 @@ function App() {
   const [s, setS] = useState<Session | undefined>(() => restoreSession(() => onEnded()));
   const [expired, setExpired] = useState(false);
   const [view, setView] = useState<ViewName>(viewOf(location.hash));
+  const [codeError, setCodeError] = useState<unknown>(undefined);
+  const [redeeming, setRedeeming] = useState(() => /^#code=/.test(location.hash));
+  useEffect(() => {
+    const code = /^#code=([A-Za-z0-9_-]+)$/.exec(location.hash)?.[1];
+    if (!code) return;
+    // Off the address bar and the history at once: the code is spent by this one use.
+    history.replaceState(null, '', '#/overview');
+    signInWithCode(code)
+      .then(setS)
+      .catch((err) => setCodeError(err))
+      .finally(() => setRedeeming(false));
+  }, []);
   function onEnded() {
     setExpired(sessionStorage.getItem('mesh-console.return') !== null);
     setS(undefined);
@@ -72,9 +92,12 @@ function App() {
   useEffect(() => {
     document.title = s ? `${VIEWS[view].title} · mesh-agent console` : 'Sign in · mesh-agent console';
   }, [s, view]);
+  if (!s && redeeming)
+    return html`<main id="main"><p role="status">Signing in with the one-time code…</p></main>`;
   if (!s) {
     return html`<${Login}
       expired=${expired}
+      codeError=${codeError}
       onSignedIn=${(n: Session) => {
         const back = takeReturn();
         if (back) location.hash = back;
