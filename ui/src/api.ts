@@ -29,21 +29,22 @@ export class ApiFailure extends Error {
   }
 }
 
-function decode(token: string): Session | undefined {
+/**
+ * The session of a token: its client and scopes from its claims, its expiry from `expires_in` as
+ * this browser's clock counts, so a clock set differently from the agent's does not end it early.
+ */
+function sessionOf(token: string, expiresAt: number): Session | undefined {
   try {
     const part = token.split('.')[1] ?? '';
     const claims = JSON.parse(atob(part.replace(/-/g, '+').replace(/_/g, '/'))) as {
       scope?: string;
-      sub?: string;
       client_id?: string;
-      exp?: number;
     };
-    if (typeof claims.exp !== 'number') return undefined;
     return {
       token,
-      clientId: claims.client_id ?? claims.sub ?? '',
+      clientId: claims.client_id ?? '',
       scopes: (claims.scope ?? '').split(' ').filter(Boolean),
-      expiresAt: claims.exp * 1000,
+      expiresAt,
     };
   } catch {
     return undefined;
@@ -67,8 +68,16 @@ function adopt(s: Session | undefined): void {
 /** The session kept in this tab, if its token has not expired. */
 export function restoreSession(ended: () => void): Session | undefined {
   onEnded = ended;
-  const token = sessionStorage.getItem(TOKEN_KEY);
-  const s = token ? decode(token) : undefined;
+  let s: Session | undefined;
+  try {
+    const kept = JSON.parse(sessionStorage.getItem(TOKEN_KEY) ?? 'null') as {
+      token: string;
+      expiresAt: number;
+    } | null;
+    s = kept ? sessionOf(kept.token, kept.expiresAt) : undefined;
+  } catch {
+    s = undefined;
+  }
   if (!s || s.expiresAt <= Date.now()) {
     sessionStorage.removeItem(TOKEN_KEY);
     adopt(undefined);
@@ -78,10 +87,11 @@ export function restoreSession(ended: () => void): Session | undefined {
   return s;
 }
 
-function keepToken(accessToken: string): Session {
-  const s = decode(accessToken);
+function keepToken(answer: Record<string, unknown>): Session {
+  const expiresIn = typeof answer.expires_in === 'number' ? answer.expires_in : 0;
+  const s = sessionOf(String(answer.access_token), Date.now() + expiresIn * 1000);
   if (!s) throw new ApiFailure(0, 'BAD_TOKEN', 'the agent answered with a token the console cannot read');
-  sessionStorage.setItem(TOKEN_KEY, accessToken);
+  sessionStorage.setItem(TOKEN_KEY, JSON.stringify({ token: s.token, expiresAt: s.expiresAt }));
   adopt(s);
   return s;
 }
@@ -106,7 +116,7 @@ export async function signIn(clientId: string, clientSecret: string): Promise<Se
       body.error_description ?? body.error ?? res.statusText,
     );
   }
-  return keepToken(body.access_token);
+  return keepToken(body);
 }
 
 /** Signs in with the one-time code of a `mesh-agent ui` link (docs/console.md). */
@@ -121,7 +131,7 @@ export async function signInWithCode(code: string): Promise<Session> {
   if (!res.ok || typeof body.access_token !== 'string') {
     throw new ApiFailure(res.status, body.code ?? `HTTP_${res.status}`, body.error ?? res.statusText);
   }
-  return keepToken(body.access_token);
+  return keepToken(body);
 }
 
 /**

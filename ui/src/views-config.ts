@@ -462,6 +462,83 @@ function RouteRow(props: { serviceId: string; route?: Route; onDone: () => void 
   </tr>`;
 }
 
+interface DataplaneCounters {
+  state: string;
+  bytes_sent: number;
+  bytes_received: number;
+  stream_bytes_up: number;
+  stream_bytes_down: number;
+}
+
+const CHART_POINTS = 60;
+const CHART_EVERY_MS = 2000;
+
+/**
+ * Throughput in each direction against the service's limit, from the data plane's byte counters
+ * on GET /v1/services/{id} read every 2 s (packets and streams together), the last 2 minutes.
+ */
+function Throughput(props: { id: string; limitMbps: number }) {
+  const [points, setPoints] = useState<{ out: number; in: number }[]>([]);
+  const [state, setState] = useState<string | null | undefined>(undefined);
+  useEffect(() => {
+    let live = true;
+    let last: { at: number; out: number; in: number } | undefined;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const tick = async () => {
+      try {
+        const s = await get<{ dataplane?: DataplaneCounters | null }>(
+          `/v1/services/${encodeURIComponent(props.id)}`,
+        );
+        const d = s.dataplane;
+        if (!live) return;
+        setState(d ? d.state : null);
+        if (d) {
+          const now = {
+            at: Date.now(),
+            out: d.bytes_sent + d.stream_bytes_up,
+            in: d.bytes_received + d.stream_bytes_down,
+          };
+          if (last) {
+            const seconds = (now.at - last.at) / 1000;
+            const mbps = (bytes: number) => Math.max(0, (bytes * 8) / 1e6 / seconds);
+            const point = { out: mbps(now.out - last.out), in: mbps(now.in - last.in) };
+            setPoints((p) => [...p, point].slice(-CHART_POINTS));
+          }
+          last = now;
+        }
+      } catch {
+        // The detail view shows the service's own errors; the chart only pauses.
+      }
+      if (live) timer = setTimeout(tick, CHART_EVERY_MS);
+    };
+    tick();
+    return () => {
+      live = false;
+      clearTimeout(timer);
+    };
+  }, [props.id]);
+  if (state === undefined) return null;
+  if (state === null) {
+    return html`<p class="muted" data-testid="throughput">Throughput: this agent runs no data plane for this service.</p>`;
+  }
+  const [w, hgt] = [300, 90];
+  const top = Math.max(props.limitMbps, ...points.map((p) => Math.max(p.out, p.in)), 1);
+  const y = (v: number) => hgt - (v / top) * (hgt - 4);
+  const line = (pick: (p: { out: number; in: number }) => number) =>
+    points.map((p, i) => `${(i / (CHART_POINTS - 1)) * w},${y(pick(p))}`).join(' ');
+  const latest = points.at(-1);
+  return html`<figure class="chart" data-testid="throughput">
+    <svg viewBox=${`0 0 ${w} ${hgt}`} role="img" aria-label="throughput in each direction against the limit">
+      ${props.limitMbps > 0 ? html`<line class="limit" x1="0" x2=${w} y1=${y(props.limitMbps)} y2=${y(props.limitMbps)} />` : null}
+      <polyline class="out" points=${line((p) => p.out)} />
+      <polyline class="in" points=${line((p) => p.in)} />
+    </svg>
+    <figcaption>Tunnel ${state}. Out ${latest ? latest.out.toFixed(2) : '–'} Mbit/s, in ${latest ? latest.in.toFixed(2) : '–'} Mbit/s${
+      props.limitMbps > 0 ? `, limit ${props.limitMbps} Mbit/s (dashed)` : ', no limit'
+    }; last 2 minutes.</figcaption>
+  </figure>`;
+}
+
 function ServiceDetail(props: { id: string; peers: Peer[]; onClose: () => void; onChanged: () => void }) {
   const [service, setService] = useState<Service | undefined>(undefined);
   const [error, setError] = useState<unknown>(undefined);
@@ -488,6 +565,7 @@ function ServiceDetail(props: { id: string; peers: Peer[]; onClose: () => void; 
       ${service.health ? html` · health: <code>${JSON.stringify(service.health)}</code>` : null}</p>
     <${ServiceForm} key=${`${service.id}-${n}`} peers=${props.peers} service=${service} onSaved=${() => refresh('Saved')} onCancel=${props.onClose} />
     ${notice ? html`<p class="ok" role="status">${notice}</p>` : null}
+    <${Throughput} id=${service.id} limitMbps=${service.bandwidth_limit_mbps} />
     <div class="card">
       <h3>Routes</h3>
       <${Table} label="routes">
