@@ -89,6 +89,9 @@ export function TopologyView() {
       return [p.id, { x: size / 2 + r * Math.cos(a), y: size / 2 + r * Math.sin(a) }];
     }),
   );
+  // A hundred peers stay apart: smaller nodes, and names only in their tooltips past 24.
+  const nodeR = Math.max(5, Math.min(18, list.length > 1 ? (Math.PI * r) / list.length - 2 : 18));
+  const labelled = list.length <= 24;
   const state = (p: Peer) =>
     p.is_active === false ? 'inactive' : p.reachable === false ? 'unreachable' : 'reachable';
   const arrows = (services.data ?? []).slice(0, 500);
@@ -108,7 +111,7 @@ export function TopologyView() {
         // Ends on the circles' edges, so the arrowhead shows outside the exit's node.
         const edge = (p: { x: number; y: number }) => {
           const len = Math.hypot(mx - p.x, my - p.y) || 1;
-          return { x: p.x + ((mx - p.x) / len) * 20, y: p.y + ((my - p.y) / len) * 20 };
+          return { x: p.x + ((mx - p.x) / len) * (nodeR + 2), y: p.y + ((my - p.y) / len) * (nodeR + 2) };
         };
         const [from, to] = [edge(a), edge(b)];
         return html`<path class=${`svc ${s.is_active === false ? 'inactive' : ''}`} d=${`M ${from.x} ${from.y} Q ${mx} ${my} ${to.x} ${to.y}`} marker-end="url(#arrow)"><title>service ${s.id}</title></path>`;
@@ -116,8 +119,8 @@ export function TopologyView() {
       ${list.map((p) => {
         const pos = at.get(p.id)!;
         return html`<g class=${`node ${state(p)}`}>
-          <circle cx=${pos.x} cy=${pos.y} r="18" />
-          <text x=${pos.x} y=${pos.y + 34} text-anchor="middle">${p.name || p.address}</text>
+          <circle cx=${pos.x} cy=${pos.y} r=${nodeR}><title>${p.name || p.address}: ${state(p)}</title></circle>
+          ${labelled ? html`<text x=${pos.x} y=${pos.y + nodeR + 16} text-anchor="middle">${p.name || p.address}</text>` : null}
         </g>`;
       })}
     </svg>
@@ -142,6 +145,9 @@ interface MeshEvent {
   actor?: { client_id?: string; agent?: string };
 }
 
+/** The most events the view holds: the newest first. */
+const SHOWN_EVENTS = 200;
+
 export function EventsView() {
   const [type, setType] = useState('');
   const [resource, setResource] = useState('');
@@ -154,27 +160,22 @@ export function EventsView() {
     const query = { type: applied.type, resource: applied.resource };
     let seen: MeshEvent[] = [];
     const add = (e: MeshEvent[]) => {
-      seen = [...e.reverse(), ...seen].slice(0, 200);
+      seen = [...e.reverse(), ...seen].slice(0, SHOWN_EVENTS);
       setEvents(seen);
     };
     setEvents([]);
     setError(undefined);
     (async () => {
-      // The last page first, then the stream from where it ended: nothing between is lost.
+      // The newest seq, without reading the log: a filter that matches nothing answers with
+      // `next` at the newest seq the agent has given (docs/events.md). Then the last 200 seqs,
+      // then the stream from where that page ended: nothing between is lost.
+      const head = await get<{ next: number }>(withQuery('/v1/events', { type: 'console.none', limit: '1' }));
+      const since = String(Math.max(0, head.next - SHOWN_EVENTS));
       const page = await get<{ events: MeshEvent[]; next: number }>(
-        withQuery('/v1/events', { ...query, limit: '1000' }),
+        withQuery('/v1/events', { ...query, since, limit: String(SHOWN_EVENTS) }),
       );
-      let next = page.next;
-      let more = page.events;
-      while (more.length === 1000) {
-        const p = await get<{ events: MeshEvent[]; next: number }>(
-          withQuery('/v1/events', { ...query, since: String(next), limit: '1000' }),
-        );
-        more = p.events;
-        page.events.push(...more);
-        next = p.next;
-      }
-      add(page.events.slice(-200));
+      const next = page.next;
+      add(page.events);
       setLive(true);
       await follow(
         withQuery('/v1/events/stream', { ...query, since: String(next) }),
