@@ -36,6 +36,7 @@ import type { ApiMetrics } from './metrics.js';
 import { guardFor, openApiSecurity } from './route-scopes.js';
 import { registerBootstrapRoutes } from './routes/bootstrap.js';
 import { registerClusterRoutes } from './routes/cluster.js';
+import { registerConsoleRoutes } from './routes/console.js';
 import { registerCredentialRoutes } from './routes/credentials.js';
 import { registerDataPlaneRoutes } from './routes/dataplane.js';
 import { registerEventRoutes } from './routes/events.js';
@@ -289,6 +290,8 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   registerEventRoutes(app, deps);
   // The rendered API reference; Swagger UI's assets come from the npm package, not a CDN.
   await app.register(swaggerUi, { routePrefix: '/docs' });
+  // The web console (docs/console.md): built files from disk, public like /docs.
+  registerConsoleRoutes(app, deps);
   app.get(
     '/openapi.json',
     { schema: { tags: ['docs'], summary: 'This OpenAPI 3.1 document (public)' } },

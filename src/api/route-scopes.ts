@@ -71,6 +71,11 @@ export const ROUTE_SCOPES: Readonly<Record<string, RouteGuard>> = {
   // Extensions (docs/events.md): admin, or the extension scope events.read.
   'GET /v1/events': 'events.read',
   'GET /v1/events/stream': 'events.read',
+
+  // Extensions (docs/console.md): `mesh-agent ui`'s one-time code, for any reading caller, and
+  // its redemption, where the code itself is the proof.
+  'POST /v1/console/codes': 'any-read',
+  'POST /v1/console/session': 'public',
 };
 
 export const routeKey = (method: string, url: string): string =>
@@ -78,8 +83,8 @@ export const routeKey = (method: string, url: string): string =>
 
 /**
  * The guard of a route: its ROUTE_SCOPES entry, or public for the rendered API reference under
- * /docs, whose asset routes @fastify/swagger-ui registers (docs/decisions.md §7). `overrides` come from
- * the command line (`--metrics-public`).
+ * /docs, whose asset routes @fastify/swagger-ui registers (docs/decisions.md §7), and for the web
+ * console under /ui. `overrides` come from the command line (`--metrics-public`).
  */
 export function guardFor(
   method: string,
@@ -89,7 +94,9 @@ export function guardFor(
   const key = routeKey(method, url);
   if (key in overrides) return overrides[key];
   if (key in ROUTE_SCOPES) return ROUTE_SCOPES[key];
-  return url === '/docs' || url.startsWith('/docs/') ? 'public' : undefined;
+  const page = (prefix: string) => url === prefix || url.startsWith(`${prefix}/`);
+  // The console's files (docs/console.md) hold no data: every call it makes takes a token.
+  return page('/docs') || page('/ui') ? 'public' : undefined;
 }
 
 /** The tokenless guards: no bearer token, so no OpenAPI `security`. */

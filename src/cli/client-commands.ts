@@ -1033,6 +1033,22 @@ export function renderStatus({ identity, license, peers: peerList, services: det
   return lines.join('\n');
 }
 
+/**
+ * `mesh-agent ui`: a link to the web console that signs the browser in as this login, with its
+ * scopes, once and within 60 s (docs/console.md). Built on the URL this client talks to, which
+ * the browser can be expected to reach too; the code rides in the fragment, which no browser
+ * sends to a server.
+ */
+async function uiCmd(args: string[], s0: { io: Io; env: NodeJS.ProcessEnv }): Promise<void> {
+  const p = parse(args, {}, [0, 0], 'ui');
+  const s = new Session(s0.io, s0.env, p);
+  const res = await s.call<Obj>('POST', '/v1/console/codes');
+  const link = `${s.api().url}/ui/#code=${res.code}`;
+  s.print({ ...res, url: link }, () =>
+    [link, `(signs the console in once, within ${res.expires_in} s; open it in your browser)`].join('\n'),
+  );
+}
+
 /** Runs one client command; returns the exit code. Never throws. */
 export async function runClientCommand(
   argv: string[],
@@ -1083,6 +1099,9 @@ export async function runClientCommand(
         break;
       case 'explain':
         await explainCmd(rest, s0);
+        break;
+      case 'ui':
+        await uiCmd(rest, s0);
         break;
       default:
         throw new UsageError(`unknown command: ${command}`);

@@ -16,6 +16,7 @@ export const CLIENT_COMMAND_NAMES: ReadonlySet<string> = new Set([
   'events',
   'status',
   'explain',
+  'ui',
 ]);
 
 export const CLIENT_USAGE = `client commands (talk to an agent's management API):
@@ -42,6 +43,7 @@ export const CLIENT_USAGE = `client commands (talk to an agent's management API)
   mesh-agent status
   mesh-agent explain SOURCE DESTINATION [--protocol tcp|udp|icmp] [--port N] [--peer PEER]
                    [--with JSON|FILE]
+  mesh-agent ui   (prints a link that signs the web console in once, within 60 s, as this login)
 Every client command takes --json (the API's JSON), --profile NAME and --url URL.
 Credentials: the profile ($XDG_CONFIG_HOME/mesh-agent/NAME.json, default profile "default"), each field
 overridden by MESH_URL, MESH_CLIENT_ID, MESH_CLIENT_SECRET unless --profile is given; MESH_PROFILE

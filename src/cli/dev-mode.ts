@@ -64,6 +64,8 @@ export function devBanner(publicUrl: string, bootstrapBodyFile: string): string 
     `   curl -sS -u 'CLIENT_ID:CLIENT_SECRET' -d grant_type=client_credentials ${publicUrl}/v1/oauth/token`,
     '3. List peers with the access_token:',
     `   curl -sS -H 'Authorization: Bearer ACCESS_TOKEN' ${publicUrl}/v1/peers`,
+    '4. Or open the web console and sign in with the client_id and client_secret of step 1:',
+    `   ${publicUrl}/ui/`,
     '',
   ].join('\n');
 }

@@ -81,6 +81,8 @@ describe('an install without dev dependencies', { timeout: 240_000 }, () => {
     // What a build produces (the compiled code and the native addons) beside the manifests.
     for (const file of ['package.json', 'package-lock.json']) copyFileSync(join(ROOT, file), join(dir, file));
     cpSync(join(ROOT, 'dist/src'), join(dir, 'dist/src'), { recursive: true });
+    // The web console's built files (docs/console.md): served from disk, no package needed.
+    cpSync(join(ROOT, 'dist/ui'), join(dir, 'dist/ui'), { recursive: true });
     cpSync(join(ROOT, 'build/Release'), join(dir, 'build/Release'), {
       recursive: true,
       filter: (src) => statSync(src).isDirectory() || src.endsWith('.node'),
@@ -94,7 +96,7 @@ describe('an install without dev dependencies', { timeout: 240_000 }, () => {
       { cwd: dir, encoding: 'utf8' },
     );
     assert.equal(install.status, 0, `npm ci --omit=dev failed:\n${install.stderr}`);
-    const devOnly = ['typescript', '@biomejs/biome', 'playwright-core', 'fast-check'];
+    const devOnly = ['typescript', '@biomejs/biome', 'playwright-core', 'fast-check', 'esbuild', 'preact'];
     const present = devOnly.filter((name) => {
       try {
         return statSync(join(dir, 'node_modules', name)).isDirectory();
@@ -146,5 +148,8 @@ describe('an install without dev dependencies', { timeout: 240_000 }, () => {
     });
     assert.equal(refused.status, 400);
     assert.equal(((await refused.json()) as { code: string }).code, 'INVALID_REQUEST');
+    const script = await fetch(`${base}/ui/app.js`);
+    assert.equal(script.status, 200);
+    assert.match(script.headers.get('content-security-policy') ?? '', /script-src 'self'/);
   });
 });

@@ -97,6 +97,18 @@ describe('serve --dev', () => {
     assert.deepEqual(body.license, license, 'the bootstrap body carries the trial license');
   });
 
+  it('names the web console, which the agent serves at that address', async () => {
+    const line = agent.logs
+      .split('\n')
+      .map((l) => l.trim())
+      .find((l) => l.endsWith('/ui/'));
+    assert.equal(line, `${agent.url}/ui/`, `the console's address in:\n${agent.logs}`);
+    const page = await agent.client.raw('GET', new URL(line).pathname);
+    assert.equal(page.status, 200);
+    assert.match(String(page.headers['content-type']), /^text\/html/);
+    assert.match(page.text, /<script type="module" src="\/ui\/app\.js">/);
+  });
+
   it('prints curl lines that bootstrap, get a token and list peers when run as printed', async () => {
     const lines = agent.logs
       .split('\n')

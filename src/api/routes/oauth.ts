@@ -2,7 +2,8 @@
  * The OAuth2 token endpoint and discovery: `POST /v1/oauth/token`, the OIDC discovery document
  * and the JWKS. The grant logic lives in auth/token-endpoint.ts.
  */
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, FastifyReply } from 'fastify';
+import type { IssuedToken } from '../../auth/access-tokens.js';
 import { parseTokenForm } from '../../auth/client-authentication.js';
 import { OAuthError } from '../../domain/errors.js';
 import { ALL_SCOPES } from '../../domain/scopes.js';
@@ -15,6 +16,18 @@ import {
   TokenForm,
   TokenResponse,
 } from '../schemas.js';
+
+/** A token endpoint's answer (RFC 6749 §5.1), never cached, counted as issued. */
+export function tokenAnswer(deps: AppDeps, reply: FastifyReply, issued: IssuedToken) {
+  deps.metrics.tokensIssued.inc();
+  reply.headers({ 'cache-control': 'no-store', pragma: 'no-cache' });
+  return {
+    access_token: issued.accessToken,
+    token_type: 'Bearer' as const,
+    expires_in: issued.expiresIn,
+    scope: issued.scopes.join(' '),
+  };
+}
 
 export function registerOAuthRoutes(app: FastifyInstance, deps: AppDeps): void {
   app.post(
@@ -55,14 +68,7 @@ export function registerOAuthRoutes(app: FastifyInstance, deps: AppDeps): void {
         if (err instanceof OAuthError) deps.metrics.tokenFailures.inc({ error: err.oauthCode });
         throw err;
       }
-      deps.metrics.tokensIssued.inc();
-      reply.headers({ 'cache-control': 'no-store', pragma: 'no-cache' });
-      return {
-        access_token: issued.accessToken,
-        token_type: 'Bearer',
-        expires_in: issued.expiresIn,
-        scope: issued.scopes.join(' '),
-      };
+      return tokenAnswer(deps, reply, issued);
     },
   );
 
