@@ -223,6 +223,16 @@ const TABLE: Record<string, Case | 'bootstrap'> = {
     check: (e) => assert.equal(e.data.after, null),
     refused: (c) => req(c, 'DELETE', '/v1/webhooks/no-such-webhook'),
   },
+  // Sign-in codes for the web console, like tokens, change no configuration.
+  'POST /v1/console/codes': { run: (c) => req(c, 'POST', '/v1/console/codes'), status: 201, type: null },
+  'POST /v1/console/session': {
+    run: async (c) => {
+      const { code } = (await req(c, 'POST', '/v1/console/codes')).body as { code: string };
+      return c.a.agent.client.request('POST', '/v1/console/session', { json: { code } });
+    },
+    status: 200,
+    type: null,
+  },
   // Reads only, a proposed change included: any answer records nothing.
   'POST /v1/explain': { run: (c) => req(c, 'POST', '/v1/explain', {}), status: 400, type: null },
   'POST /v1/cluster/sync': { run: (c) => req(c, 'POST', '/v1/cluster/sync'), status: 200, type: null },
