@@ -367,33 +367,70 @@ class Connect : public Napi::ObjectWrap<Connect> {
     context_.reset();
   }
 
-  // Reports the outcome once: the fd goes to JS on success, is closed on failure.
+  // Reports the outcome once: the fd goes to JS on success, is closed on failure. With raw N-API calls
+  // whose refusals are handled: in a worker being terminated JS no longer runs, calls that would run it
+  // are refused, and node-addon-api answers a refused call with a fatal error of the whole process.
+  // Then nobody can take the outcome: the socket is closed and the callback dropped.
   void Settle(int err) {
-    Napi::Env env = Env();
-    Napi::HandleScope scope(env);
-    Napi::Object self = Value();  // holds the wrapper while JS runs
+    napi_env env = Env();
     bool timedOut = pending_->timedOut;
     int fd = Detach();
-    napi_value args[2];
-    if (err == 0) {
-      args[0] = env.Null();
-      args[1] = Napi::Number::New(env, fd);
-    } else {
+    if (err != 0) {
       close(fd);
-      std::string what = "connect to " + target_ +
-                         (timedOut ? " timed out after " + std::to_string(timeoutMs_) + " ms" : " failed");
-      args[0] = SystemError(env, err, "connect", what).Value();
-      args[1] = env.Undefined();
+      fd = -1;
     }
-    Unref();
     Napi::FunctionReference onDone = std::move(onDone_);
     std::unique_ptr<Napi::AsyncContext> context = std::move(context_);
-    onDone.MakeCallback(self, 2, args, *context);
-    if (env.IsExceptionPending()) {
-      // A callback that throws is an uncaught exception of the process, as for Node's own callbacks.
-      Napi::Error e = env.GetAndClearPendingException();
-      napi_fatal_exception(env, e.Value());
+    bool delivered = false;
+    napi_handle_scope scope;
+    if (napi_open_handle_scope(env, &scope) == napi_ok) {
+      // Read before Unref(): the wrapper stays alive in this scope while JS runs.
+      napi_value self = Value();
+      Unref();
+      napi_value args[2];
+      bool ready;
+      if (err == 0) {
+        ready = napi_get_null(env, &args[0]) == napi_ok && napi_create_int32(env, fd, &args[1]) == napi_ok;
+      } else {
+        std::string what = "connect to " + target_ +
+                           (timedOut ? " timed out after " + std::to_string(timeoutMs_) + " ms" : " failed");
+        args[0] = ErrorOrNull(env, err, "connect", what);
+        ready = args[0] != nullptr && napi_get_undefined(env, &args[1]) == napi_ok;
+      }
+      if (ready) delivered = Call(env, self, onDone.Value(), *context, args);
+      napi_close_handle_scope(env, scope);
+    } else {
+      Unref();
     }
+    if (!delivered && fd >= 0) close(fd);
+  }
+
+  // Runs the callback; false if N-API refused to (JS no longer runs). A callback that throws is an
+  // uncaught exception of the process, as for Node's own callbacks.
+  static bool Call(napi_env env, napi_value self, napi_value fn, napi_async_context context, napi_value* args) {
+    napi_value result;
+    if (napi_make_callback(env, context, self, fn, 2, args, &result) == napi_ok) return true;
+    bool pending = false;
+    if (napi_is_exception_pending(env, &pending) != napi_ok || !pending) return false;
+    napi_value e;
+    if (napi_get_and_clear_last_exception(env, &e) == napi_ok) napi_fatal_exception(env, e);
+    return true;
+  }
+
+  // mesh::SystemError without node-addon-api: the Error, or nullptr when N-API refuses.
+  static napi_value ErrorOrNull(napi_env env, int err, const std::string& syscall, const std::string& what) {
+    std::string code = mesh::ErrnoCode(err);
+    std::string message = what + ": " + code + " (" + strerror(err) + ")";
+    napi_value text, error, codeValue, errnoValue, syscallValue;
+    bool ok = napi_create_string_utf8(env, message.c_str(), message.size(), &text) == napi_ok &&
+              napi_create_error(env, nullptr, text, &error) == napi_ok &&
+              napi_create_string_utf8(env, code.c_str(), code.size(), &codeValue) == napi_ok &&
+              napi_create_int32(env, -err, &errnoValue) == napi_ok &&
+              napi_create_string_utf8(env, syscall.c_str(), syscall.size(), &syscallValue) == napi_ok &&
+              napi_set_named_property(env, error, "code", codeValue) == napi_ok &&
+              napi_set_named_property(env, error, "errno", errnoValue) == napi_ok &&
+              napi_set_named_property(env, error, "syscall", syscallValue) == napi_ok;
+    return ok ? error : nullptr;
   }
 
   // Closes both handles and hands back the fd, still open. uv_close() of a poll handle takes the fd out
