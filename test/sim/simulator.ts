@@ -69,6 +69,8 @@ export interface SimResult {
   convergedAfterMs: number;
   writesAcked: number;
   writesRefused: number;
+  /** Refused writes by error code (SERVICE_LIMIT_EXCEEDED, NODE_LIMIT_EXCEEDED, ...). */
+  refusals: Record<string, number>;
   events: number;
   messages: number;
   replay: string;
@@ -105,7 +107,10 @@ class Simulation {
   private readonly deletions = new Map<string, string>();
   private readonly seenVkeys: Map<string, string>[] = [];
   private readonly removed = new Set<number>();
+  /** Agents in the cluster: all but the spare one, until it joins. */
+  private readonly members = new Set<number>([0]);
   private refused = 0;
+  private readonly refusals: Record<string, number> = {};
   private rotation: { previous: MacKey; at: number } | undefined;
   private readonly maxServices: number;
   private readonly maxNodes: number;
@@ -119,7 +124,7 @@ class Simulation {
     this.net = new SimNetwork(this.time, root.fork(), (line) => this.trace(line));
     this.w = root.fork();
     this.f = root.fork();
-    this.maxServices = o.maxServices ?? Math.max(4, Math.floor(o.agents / 2));
+    this.maxServices = o.maxServices ?? Math.max(3, Math.floor(o.agents / 4));
     this.maxNodes = o.agents;
   }
 
@@ -161,7 +166,9 @@ class Simulation {
       factories: o.factories ?? {},
       agentAt: (address: string) => this.agents.find((a) => a.address === address),
     };
-    for (let i = 0; i < o.agents; i++) {
+    // One more agent than max_nodes allows: it asks to join during the run, and may only get in
+    // once a removal has freed a slot.
+    for (let i = 0; i <= o.agents; i++) {
       const a = new SimAgent(i, env, this.root.fork());
       a.start();
       a.bootstrap(license);
@@ -170,8 +177,9 @@ class Simulation {
     }
     // Formation: the first agent adds each other one by the real handshake.
     const first = this.agents[0]!;
-    for (const a of this.agents.slice(1)) {
+    for (const a of this.agents.slice(1, o.agents)) {
       await this.drive(first.peers.add(a.address, ACTOR));
+      this.members.add(a.index);
     }
     await this.time.runUntil(this.time.now() + 5000);
     o.onFormed?.();
@@ -209,6 +217,7 @@ class Simulation {
       convergedAfterMs: converged,
       writesAcked: this.acks.length,
       writesRefused: this.refused,
+      refusals: this.refusals,
       events: this.time.events,
       messages: this.net.messages,
       replay: replayCommand(o),
@@ -226,7 +235,7 @@ class Simulation {
   }
 
   private live(): SimAgent[] {
-    return this.agents.filter((a) => a.up && !this.removed.has(a.index));
+    return this.agents.filter((a) => a.up && this.members.has(a.index) && !this.removed.has(a.index));
   }
 
   // --- workload -----------------------------------------------------------------------------
@@ -239,6 +248,12 @@ class Simulation {
     const services = a.store.services();
     const others = a.store.peers().filter((p) => p.isActive && p.id !== a.id);
     const op = (name: string, key: () => string, run: () => unknown, peers?: [string, string]) => {
+      const refuse = (err: unknown) => {
+        const code = (err as { code?: string }).code ?? 'error';
+        this.refused++;
+        this.refusals[code] = (this.refusals[code] ?? 0) + 1;
+        this.trace(`refused ${a.index} ${name} ${code}`);
+      };
       try {
         const done = (result: unknown) => {
           void result;
@@ -254,14 +269,10 @@ class Simulation {
         };
         const r = run();
         if (r instanceof Promise) {
-          r.then(done, (err: unknown) => {
-            this.refused++;
-            this.trace(`refused ${a.index} ${name} ${(err as { code?: string }).code ?? 'error'}`);
-          });
+          r.then(done, refuse);
         } else done(r);
       } catch (err) {
-        this.refused++;
-        this.trace(`refused ${a.index} ${name} ${(err as { code?: string }).code ?? 'error'}`);
+        refuse(err);
       }
     };
     if (roll < 15 && others.length > 0) {
@@ -332,7 +343,19 @@ class Simulation {
           this.rotation = { previous, at: this.time.now() };
         },
       );
-    } else if (roll < 92 && this.removed.size === 0 && others.length > 2 && this.o.faults !== false) {
+    } else if (roll < 94 && !this.members.has(this.o.agents)) {
+      // The spare agent asks to join: beyond max_nodes unless a removal freed a slot.
+      const spare = this.agents[this.o.agents]!;
+      if (!spare.up) return;
+      op(
+        'join',
+        () => keyOf('peer', spare.id),
+        () =>
+          a.peers.add(spare.address, ACTOR).then(() => {
+            this.members.add(spare.index);
+          }),
+      );
+    } else if (roll < 96 && this.removed.size === 0 && others.length > 2 && this.o.faults !== false) {
       // A peer removed, perhaps while partitioned away or down: never the first (the allocator).
       const victim = this.agents.find((x) => x.id === this.w.pick(others).id);
       if (!victim || victim.index === 0) return;
