@@ -62,17 +62,22 @@ describe('cluster simulator', () => {
   it(`keeps every invariant over ${SEEDS} seeds of 20 agents, 120 s, every fault kind`, async () => {
     let acked = 0;
     const refusals: Record<string, number> = {};
+    let removed = 0;
+    let left = 0;
     for (let seed = 1000; seed < 1000 + SEEDS; seed++) {
       const r = await simulate({ seed, agents: 20, seconds: 120 });
       assert.deepEqual(r.violations, [], explain(r));
       assert.ok(r.convergedAfterMs >= 0);
       acked += r.writesAcked;
+      removed += r.departures.removed;
+      left += r.departures.left;
       for (const [code, n] of Object.entries(r.refusals)) refusals[code] = (refusals[code] ?? 0) + n;
     }
     // The workload did write, and went beyond both license limits, which were refused.
     assert.ok(acked > SEEDS * 50, `${acked} writes acknowledged`);
     assert.ok((refusals.SERVICE_LIMIT_EXCEEDED ?? 0) > 0, JSON.stringify(refusals));
     assert.ok((refusals.NODE_LIMIT_EXCEEDED ?? 0) > 0, JSON.stringify(refusals));
+    assert.ok(removed > 0 && left > 0, `${removed} removals, ${left} leaves`);
   });
 
   it('catches a merge rule changed: the first version held wins (no-lost-write, converges)', async () => {
@@ -123,7 +128,7 @@ describe('cluster simulator', () => {
           admitPeers: (ids) => allocator.admitPeers(ids),
         }),
       }),
-      { writesPerSecond: 6, maxServices: 3 },
+      { writesPerSecond: 8, maxServices: 3, seconds: 60 },
     );
   });
 

@@ -94,8 +94,12 @@ export class SimAgent implements NetNode {
     return this.identity.peerId;
   }
 
-  /** Builds the cluster layer on the kept store and starts gossip. */
-  start(): void {
+  /**
+   * Builds the cluster layer on the kept store and starts gossip (or leaves that to the caller:
+   * the bench forms a large cluster with only the first agent's rounds running, which is
+   * O(N) messages per join instead of a cascade through every member).
+   */
+  start(startGossip = true): void {
     const { env, store, identity, clock } = this;
     const f = env.factories;
     this.events = new EventLog(store, identity.peerId, clock);
@@ -141,7 +145,7 @@ export class SimAgent implements NetNode {
       f.serviceAdmission ? f.serviceAdmission(this.allocator) : this.allocator,
     );
     this.up = true;
-    gossip.start();
+    if (startGossip) gossip.start();
   }
 
   bootstrap(license: License): void {

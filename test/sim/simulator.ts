@@ -7,7 +7,7 @@
  * A run: form the cluster by real handshakes; then for 60 % of the duration writes on random
  * agents with faults changing every few seconds (loss up to 30 %, delay and reordering,
  * duplicates, partitions and their healing, crashes and restarts with the store kept, clock
- * skew, a peer removed while perhaps partitioned away); then the faults end and the cluster
+ * skew, a peer removed while perhaps partitioned away, an agent leaving); then the faults end and the cluster
  * must converge within `convergeBoundMs`.
  */
 import { createHash, createPublicKey } from 'node:crypto';
@@ -71,6 +71,8 @@ export interface SimResult {
   writesRefused: number;
   /** Refused writes by error code (SERVICE_LIMIT_EXCEEDED, NODE_LIMIT_EXCEEDED, ...). */
   refusals: Record<string, number>;
+  /** Peers removed by another agent, and agents that left, in this run. */
+  departures: { removed: number; left: number };
   events: number;
   messages: number;
   replay: string;
@@ -106,7 +108,10 @@ class Simulation {
   private readonly acks: Ack[] = [];
   private readonly deletions = new Map<string, string>();
   private readonly seenVkeys: Map<string, string>[] = [];
+  /** Agents removed by another or that left: out of the cluster, no longer checked. */
   private readonly removed = new Set<number>();
+  private removals = 0;
+  private leaves = 0;
   /** Agents in the cluster: all but the spare one, until it joins. */
   private readonly members = new Set<number>([0]);
   private refused = 0;
@@ -218,6 +223,7 @@ class Simulation {
       writesAcked: this.acks.length,
       writesRefused: this.refused,
       refusals: this.refusals,
+      departures: { removed: this.removals, left: this.leaves },
       events: this.time.events,
       messages: this.net.messages,
       replay: replayCommand(o),
@@ -328,7 +334,11 @@ class Simulation {
           'route-add',
           () => keyOf('route', rid),
           () => {
-            rid = a.services.addRoutes(s.id, [{ priority: this.w.int(1000) }], ACTOR)[0]!;
+            rid = a.services.addRoutes(
+              s.id,
+              [{ priority: 1 + this.w.int(1000), dest_cidr: `10.${this.w.int(256)}.0.0/16` }],
+              ACTOR,
+            )[0]!;
           },
           [s.sourcePeerId, s.targetPeerId],
         );
@@ -355,7 +365,25 @@ class Simulation {
             this.members.add(spare.index);
           }),
       );
-    } else if (roll < 96 && this.removed.size === 0 && others.length > 2 && this.o.faults !== false) {
+    } else if (
+      roll >= 96 &&
+      roll < 98 &&
+      this.leaves === 0 &&
+      a.index !== 0 &&
+      others.length > 2 &&
+      this.o.faults !== false
+    ) {
+      // An agent leaves (DELETE /v1/peers/self): its last word is a push to every peer.
+      this.leaves++;
+      op(
+        'leave',
+        () => keyOf('peer', a.id),
+        () => {
+          a.peers.leave(ACTOR);
+          this.removed.add(a.index);
+        },
+      );
+    } else if (roll < 96 && this.removals === 0 && others.length > 2 && this.o.faults !== false) {
       // A peer removed, perhaps while partitioned away or down: never the first (the allocator).
       const victim = this.agents.find((x) => x.id === this.w.pick(others).id);
       if (!victim || victim.index === 0) return;
@@ -365,6 +393,7 @@ class Simulation {
         () => {
           a.peers.remove(victim.id, ACTOR);
           this.removed.add(victim.index);
+          this.removals++;
         },
       );
     }
