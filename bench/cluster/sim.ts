@@ -86,6 +86,8 @@ async function run(n: number, loss: number) {
     while (agents.some((a) => a.replica.digest().root !== root0())) await time.runUntil(time.now() + 1000);
     await time.runUntil(time.now() + 5000);
     const formWall = performance.now() - formStart;
+    // Progress on stderr: a large N runs for many minutes.
+    console.error(`N = ${n}: formed in ${(formWall / 1000).toFixed(1)} s wall`);
     net.faults = { loss, delayMs: 5, jitterMs: 20, duplicate: 0 };
     const wallStart = performance.now();
     const simStart = time.now();
@@ -94,6 +96,7 @@ async function run(n: number, loss: number) {
     let before = total();
     await time.runUntil(time.now() + WINDOW_S * 1000);
     const idle = (total() - before) / n / WINDOW_S;
+    console.error(`N = ${n}: idle window done`);
     // Convergence of single changes.
     const rnd = root.fork();
     const times: number[] = [];
