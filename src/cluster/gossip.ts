@@ -11,8 +11,8 @@
  * reaches everyone in O(log n) rounds, and anti-entropy repairs whatever a lost push missed.
  */
 import type { Logger } from 'pino';
-import type { Clock } from '../domain/clock.js';
-import { isoTime } from '../domain/clock.js';
+import type { Clock, Timers } from '../domain/clock.js';
+import { isoTime, systemTimers } from '../domain/clock.js';
 import type { RecordObserved } from '../domain/observed-event.js';
 import type { PeerRecord } from '../store/records.js';
 import type { Store } from '../store/store.js';
@@ -65,6 +65,10 @@ export interface GossipDeps {
   allocator: Allocator;
   transport: GossipTransport;
   clock: Clock;
+  /** The interval and the waits between retries; absent: real timers. */
+  timers?: Timers;
+  /** Picks push targets and the probe order; absent: Math.random. */
+  random?: () => number;
   logger: Logger;
   metrics: GossipMetrics;
   config: GossipConfig;
@@ -126,7 +130,9 @@ export class Gossip {
   private readonly matchedAt = new Map<string, number>();
   /** The key each peer last accepted from us: after a merge, not every peer has the newest. */
   private readonly keyFor = new Map<string, string>();
-  private timer: NodeJS.Timeout | undefined;
+  private stopTimer: (() => void) | undefined;
+  private readonly timers: Timers;
+  private readonly random: () => number;
   private round: Promise<void> | undefined;
   private running = false;
   private departed = false;
@@ -137,6 +143,8 @@ export class Gossip {
 
   constructor(private readonly deps: GossipDeps) {
     const { identity, clock, config } = deps;
+    this.timers = deps.timers ?? systemTimers;
+    this.random = deps.random ?? Math.random;
     this.startedAt = clock.now();
     this.fd = new FailureDetector(
       identity.peerId,
@@ -147,6 +155,7 @@ export class Gossip {
       },
       clock,
       { probeIntervalMs: config.intervalMs },
+      this.random,
     );
     this.fd.onChange((peerId, from, to) => {
       deps.logger[to === 'dead' ? 'warn' : 'info']({ peer_id: peerId, from, to }, 'peer liveness changed');
@@ -169,7 +178,7 @@ export class Gossip {
     this.pushed = new Map(this.deps.replica.digest().entries);
     this.fd.setMembers(this.otherActiveIds());
     this.updatePeerGauge();
-    this.timer = setInterval(() => this.tick(), this.deps.config.intervalMs);
+    this.stopTimer = this.timers.every(this.deps.config.intervalMs, () => this.tick());
     // A restarted agent catches up at once rather than at its first probe.
     const first = this.randomPeers(1)[0];
     if (first) void this.antiEntropy(first).catch(() => undefined);
@@ -177,7 +186,7 @@ export class Gossip {
 
   async stop(): Promise<void> {
     this.running = false;
-    if (this.timer) clearInterval(this.timer);
+    this.stopTimer?.();
     await this.round;
     this.deps.transport.close();
   }
@@ -224,7 +233,7 @@ export class Gossip {
         // It answered: a reply we cannot open only because its key is gone with its row.
         if (err instanceof InvalidReply && err.reason === 'unknown_sender') return;
         if (left > 1 && this.running) {
-          await new Promise((resolve) => setTimeout(resolve, 5000).unref());
+          await this.timers.sleep(5000);
           return attempt(left - 1);
         }
       }
@@ -802,7 +811,7 @@ export class Gossip {
   private randomPeers(n: number): PeerRecord[] {
     const peers = this.otherActivePeers();
     for (let i = peers.length - 1; i > 0; i--) {
-      const j = Math.floor(Math.random() * (i + 1));
+      const j = Math.floor(this.random() * (i + 1));
       [peers[i], peers[j]] = [peers[j]!, peers[i]!];
     }
     return peers.slice(0, n);
