@@ -2,7 +2,7 @@
  * Prometheus metrics of the data plane (docs/decisions.md §7), read from the data plane's own counters
  * at scrape time: IP bytes and packets per service and direction (sent into / received from the
  * tunnel), drops by cause (and per service), TCP connections carried as streams (open, opened,
- * bytes per direction, resets, refusals) per service, and tunnel state per peer.
+ * bytes per direction, resets, refusals) per service, and tunnel state and round-trip time per peer.
  */
 import { Counter, Gauge, type Registry } from 'prom-client';
 import type { DataPlane } from './dataplane.js';
@@ -159,6 +159,19 @@ export function registerDataPlaneMetrics(registry: Registry, dataplane: DataPlan
     collect() {
       this.reset();
       for (const t of dataplane.tunnelStates()) this.labels(t.peerId, t.transport).set(t.up ? 1 : 0);
+    },
+  });
+  new Gauge({
+    name: 'mesh_tunnel_rtt_seconds',
+    help: 'The last round-trip time its keepalive PING measured on the tunnel to the peer over the transport; no series before the first answer.',
+    labelNames: ['peer_id', 'transport'] as const,
+    registers,
+    collect() {
+      this.reset();
+      for (const t of dataplane.tunnelStates()) {
+        const ms = dataplane.tunnelRttMs(t.peerId, t.transport);
+        if (ms !== null) this.labels(t.peerId, t.transport).set(ms / 1000);
+      }
     },
   });
   new Gauge({

@@ -854,6 +854,9 @@ describe('DataPlane with a memory network: tunnels and packets', { timeout: 60_0
     assert.deepEqual(refusedTuns(nftB), [tunOf(b, S3).name]);
     assert.ok(nftB?.includes('chain refuse_forward') && nftB.includes('chain refuse_output'));
     assert.deepEqual(a.dp.tunnelStates(), [{ peerId: B, transport: 'tcp', up: true }]);
+    // What mesh_tunnel_rtt_seconds reports: the kept tunnel's own measure; none without one.
+    assert.equal(a.dp.tunnelRttMs(B, 'tcp'), a.transport.tunnel(B)?.stats().lastRttMs ?? null);
+    assert.equal(a.dp.tunnelRttMs(B, 'kcp'), null);
 
     // The pair stops hearing each other: refused again, then up again once healed.
     network.partition(A, B);

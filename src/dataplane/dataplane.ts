@@ -886,6 +886,11 @@ export class DataPlane {
     return out;
   }
 
+  /** The last round-trip time the kept tunnel to the peer measured, null before its first. */
+  tunnelRttMs(peerId: string, transport: TransportKind): number | null {
+    return this.tunnelOf({ peerId, transport })?.stats().lastRttMs ?? null;
+  }
+
   /** Each transparent service this agent is the exit of: whether it can carry it now. */
   transparentReadiness(): Map<string, boolean> {
     return this.transparent.readyByService();

@@ -26,6 +26,14 @@ const SHOTS = fileURLToPath(new URL('../../../docs/console/', import.meta.url));
 const AXE = readFileSync(createRequire(import.meta.url).resolve('axe-core/axe.min.js'), 'utf8');
 const BUDGET_BYTES = 300 * 1024;
 const VIEWS = ['overview', 'topology', 'peers', 'services', 'credentials', 'events', 'explain'] as const;
+/** Services made through the API for the check at scale (issue: usable at 1,000 services). */
+const SCALE_SERVICES = 1000;
+/**
+ * A service is unique per (source, target) pair (docs/decisions.md), so 1,000 of them need 33
+ * peers (1,056 ordered pairs): 31 more agents, each joined and then stopped.
+ */
+const SCALE_PEERS = 33;
+const SCALE_LICENSE = { max_services: SCALE_SERVICES + 10, max_nodes: SCALE_PEERS + 5 };
 const DESKTOP = { width: 1280, height: 860 };
 const PHONE = { width: 390, height: 844 };
 /**
@@ -40,9 +48,10 @@ interface Admin {
   clientSecret: string;
 }
 
-describe('the web console in headless Chromium', { timeout: 240_000 }, () => {
+describe('the web console in headless Chromium', { timeout: 480_000 }, () => {
   let a: AgentProcess;
   let b: AgentProcess;
+  let vendor: ReturnType<typeof makeVendor>;
   let admin: Admin;
   let token: string;
   let browser: Browser;
@@ -108,13 +117,14 @@ describe('the web console in headless Chromium', { timeout: 240_000 }, () => {
       existsSync(CHROMIUM),
       `${CHROMIUM} is missing: apt-get install -y --no-install-recommends chromium`,
     );
-    const vendor = makeVendor();
+    vendor = makeVendor();
     [a, b] = await Promise.all([
       AgentProcess.start({ vendor, extraArgs: CLUSTER_ARGS }),
       AgentProcess.start({ vendor, extraArgs: CLUSTER_ARGS }),
     ]);
-    admin = await bootstrap(a, vendor);
-    await bootstrap(b, vendor);
+    // Room for the peers and the 1,000 services of the check at scale.
+    admin = await bootstrap(a, vendor, SCALE_LICENSE);
+    await bootstrap(b, vendor, SCALE_LICENSE);
     secrets.push(admin.clientSecret);
     token = await a.client.token(admin.clientId, admin.clientSecret);
     origin = a.url;
@@ -413,6 +423,35 @@ describe('the web console in headless Chromium', { timeout: 240_000 }, () => {
     await page.setViewportSize(DESKTOP);
   });
 
+  it('draws services as arrows by state, and tunnels as /metrics reports them', async () => {
+    await show(page, 'topology');
+    const peers = (await api('GET', '/v1/peers')).body as { id: string; is_local: boolean }[];
+    const local = peers.find((p) => p.is_local)!;
+    const remote = peers.find((p) => !p.is_local)!;
+    // The service made above, A → B: one active arrow, as the API has it (no data plane, so no
+    // failover health: configured and active).
+    const arrow = page.locator('svg.topology path.svc');
+    await eventually('the service arrow drawn', async () => ((await arrow.count()) === 1 ? true : undefined));
+    assert.equal(await arrow.getAttribute('data-state'), 'active');
+    assert.equal(await arrow.getAttribute('data-count'), '1');
+    assert.match((await arrow.locator('title').textContent()) ?? '', new RegExp(`${serviceId}`));
+    const service = (await api('GET', `/v1/services/${serviceId}`)).body;
+    assert.deepEqual([service.source_peer_id, service.target_peer_id], [local.id, remote.id]);
+    // These agents run no data plane, so they keep no tunnel: /metrics has no mesh_tunnel_up
+    // series, and the view says so rather than drawing links (src/console/topology.test.ts
+    // checks the links drawn from those series).
+    const metrics = await a.client.request('GET', '/metrics', { token });
+    assert.equal(metrics.status, 200);
+    assert.doesNotMatch(metrics.text, /^mesh_tunnel_up\{/m);
+    await page.getByTestId('no-tunnels').waitFor();
+    assert.equal(await page.locator('svg.topology g.tunnel').count(), 0);
+    assert.match(
+      (await page.getByTestId('topology-summary').textContent()) ?? '',
+      /2 peers · 0\/0 tunnels up · 1 services as 1 arrows/,
+    );
+    assert.equal(await page.getByRole('alert').count(), 0, 'GET /metrics read with the console token');
+  });
+
   it('shows the second agent unreachable within the detector time plus 2 s, and back after a restart', async () => {
     await show(page, 'topology');
     const peerB = ((await api('GET', '/v1/peers')).body as { id: string; is_local: boolean }[]).find(
@@ -496,6 +535,142 @@ describe('the web console in headless Chromium', { timeout: 240_000 }, () => {
     await again.context().close();
   });
 
+  it('reconnects the event stream after the agent restarts and resumes after the last seq', async () => {
+    await show(page, 'events');
+    const state = page.getByTestId('stream-state');
+    await eventually('the stream live', async () =>
+      (await state.getAttribute('data-state')) === 'live' ? true : undefined,
+    );
+    const rows = page.locator('tbody tr[data-seq]');
+    const newest = Number(await rows.first().getAttribute('data-seq'));
+    assert.ok(newest > 0);
+    assert.equal(await a.stop(), 0);
+    await eventually('the view says it reconnects', async () =>
+      (await state.getAttribute('data-state')) === 'reconnecting' ? true : undefined,
+    );
+    assert.match((await state.textContent()) ?? '', new RegExp(`resumes after seq ${newest}`));
+    const down = Date.now();
+    await a.restart();
+    // Made before the view is back on the stream, so it comes from the stream's backlog.
+    const put = await api('PUT', `/v1/services/${serviceId}`, { bandwidth_limit_mbps: 77 });
+    assert.equal(put.status, 200, put.text);
+    await eventually('the event after the restart shown', async () => {
+      const top = Number(await rows.first().getAttribute('data-seq'));
+      return top > newest && (await rows.first().textContent())?.includes('service.updated')
+        ? true
+        : undefined;
+    });
+    assert.equal(await state.getAttribute('data-state'), 'live');
+    console.log(`events: the stream was back ${Date.now() - down} ms after the agent was restarted`);
+    const seqs = await rows.evaluateAll((trs) => trs.map((tr) => Number(tr.getAttribute('data-seq'))));
+    assert.equal(new Set(seqs).size, seqs.length, 'no event shown twice');
+    assert.deepEqual(
+      seqs,
+      [...seqs].sort((x, y) => y - x),
+      'newest first',
+    );
+  });
+
+  it('stays usable at 1,000 services: the list paginates, the topology draws a bounded summary', async () => {
+    const started = Date.now();
+    // Two at a time, each stopped once it is a peer: the machine has two cores.
+    let joined = 2;
+    await Promise.all(
+      Array.from({ length: 2 }, async () => {
+        while (joined < SCALE_PEERS) {
+          joined++;
+          const extra = await AgentProcess.start({ vendor, extraArgs: CLUSTER_ARGS });
+          try {
+            await bootstrap(extra, vendor, SCALE_LICENSE);
+            const res = await api('POST', '/v1/peers', { address: `127.0.0.1:${extra.port}` });
+            assert.equal(res.status, 201, res.text);
+          } finally {
+            assert.equal(await extra.stop(), 0);
+          }
+        }
+      }),
+    );
+    const peers = (await api('GET', '/v1/peers')).body as { id: string; is_local: boolean }[];
+    assert.equal(peers.length, SCALE_PEERS);
+    const pairs: [string, string][] = [];
+    for (const from of peers) for (const to of peers) if (from !== to) pairs.push([from.id, to.id]);
+    const existing = (await api('GET', '/v1/services')).body as {
+      source_peer_id: string;
+      target_peer_id: string;
+    }[];
+    const free = pairs.filter(
+      ([f, t]) => !existing.some((e) => e.source_peer_id === f && e.target_peer_id === t),
+    );
+    console.log(`scale: ${SCALE_PEERS} peers joined in ${Date.now() - started} ms`);
+    // One POST each (the API has no bulk create), eight at a time.
+    const creating = Date.now();
+    let next = 0;
+    await Promise.all(
+      Array.from({ length: 8 }, async () => {
+        while (next < SCALE_SERVICES) {
+          const [from, to] = free[next++]!;
+          const res = await api('POST', '/v1/services', { source_peer_id: from, target_peer_id: to });
+          assert.equal(res.status, 201, res.text);
+        }
+      }),
+    );
+    const total = ((await api('GET', '/v1/services')).body as unknown[]).length;
+    assert.equal(total, SCALE_SERVICES + 1);
+    console.log(`scale: ${SCALE_SERVICES} services created in ${Date.now() - creating} ms`);
+
+    const shown = Date.now();
+    await show(page, 'services');
+    const rows = page.locator('[aria-label="services"] tbody tr[data-service-id]');
+    await rows.first().waitFor();
+    console.log(`scale: services view's first page shown ${Date.now() - shown} ms after the click`);
+    assert.equal(await rows.count(), 20, 'one page of 20');
+    const pager = page.getByRole('navigation', { name: 'pages' });
+    assert.match(
+      (await pager.textContent()) ?? '',
+      new RegExp(`page 1 of ${Math.ceil(total / 20)} \\(${total}\\)`),
+    );
+    assert.ok(await page.getByTestId('new-service').isEnabled());
+    for (const label of ['Source peer', 'Target peer', 'Interface']) await page.getByLabel(label).waitFor();
+    await pager.getByRole('button', { name: 'Next' }).click();
+    await pager.getByText(`page 2 of`).waitFor();
+    assert.equal(await rows.count(), 20);
+    // A filter narrows the list: the services from one peer.
+    const all = (await api('GET', '/v1/services')).body as { source_peer_id: string }[];
+    const source = free[0]![0];
+    const fromRemote = all.filter((x) => x.source_peer_id === source).length;
+    assert.ok(fromRemote > 0 && fromRemote < SCALE_PEERS);
+    await page.getByLabel('Source peer').selectOption(source);
+    await eventually('the filtered list', async () =>
+      (await rows.count()) === Math.min(20, fromRemote) ? true : undefined,
+    );
+
+    await show(page, 'topology');
+    const summary = page.getByTestId('topology-summary');
+    await eventually('the summary of all services', async () =>
+      (await summary.textContent())?.includes(`${SCALE_PEERS} peers`) &&
+      (await summary.textContent())?.includes(`${total} services as`)
+        ? true
+        : undefined,
+    );
+    const arrows = page.locator('svg.topology path.svc');
+    const drawnArrows = await arrows.count();
+    assert.ok(drawnArrows >= 50 && drawnArrows <= 100, `${drawnArrows} arrows for ${total} services`);
+    const counts = await arrows.evaluateAll((ps) => ps.map((p) => Number(p.getAttribute('data-count'))));
+    const hidden = total - counts.reduce((n, c) => n + c, 0);
+    assert.match(
+      (await summary.textContent()) ?? '',
+      new RegExp(
+        `${total} services as ${drawnArrows} arrows · ${hidden} services of the least busy pairs not drawn`,
+      ),
+    );
+    // Past 24 peers, names go into the nodes' tooltips: no label text piles up.
+    assert.equal(await page.locator('svg.topology g.node text').count(), 0);
+    const drawn = await page.locator('svg.topology *').count();
+    assert.ok(drawn < 4 * 100 + 3 * SCALE_PEERS + 20, `${drawn} SVG elements for ${total} services`);
+    console.log(`scale: topology draws ${drawnArrows} arrows, ${drawn} SVG elements for ${total} services`);
+    assert.equal(await page.getByRole('alert').count(), 0);
+  });
+
   it('signs out: the token is dropped, and the whole run asked no other origin and logged no error', async () => {
     await page.getByRole('button', { name: 'Sign out' }).click();
     await page.getByLabel('Client id').waitFor();
@@ -506,9 +681,13 @@ describe('the web console in headless Chromium', { timeout: 240_000 }, () => {
     for (const s of secrets) assert.ok(!all.includes(s));
     assert.deepEqual(foreign, [], 'requests to other origins');
     assert.deepEqual(pageErrors, [], 'uncaught page errors');
-    // The wrong secret's 401 and the bad CIDR's 400 are the browser's own network log lines.
+    // The wrong secret's 401 and the bad CIDR's 400 are the browser's own network log lines, and
+    // so are the refused connections while the agent restarted.
     const unexpected = consoleErrors.filter(
-      (e) => !/Failed to load resource: the server responded with a status of (400|401|422|502|503)/.test(e),
+      (e) =>
+        !/Failed to load resource: (the server responded with a status of (400|401|422|502|503)|net::ERR_CONNECTION_REFUSED)/.test(
+          e,
+        ),
     );
     assert.deepEqual(unexpected, [], 'console errors (a CSP violation would be one)');
   });

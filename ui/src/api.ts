@@ -181,6 +181,13 @@ export async function call<T = unknown>(method: string, path: string, body?: unk
 
 export const get = <T = unknown>(path: string) => call<T>('GET', path);
 
+/** A GET whose answer is text (GET /metrics). */
+export async function getText(path: string): Promise<string> {
+  const res = await fetch(path, { headers: authorization(), credentials: 'omit' });
+  if (!res.ok) throw await failure(res);
+  return res.text();
+}
+
 /** `path` with the given query fields, leaving out empty ones. */
 export function withQuery(path: string, query: Record<string, string | undefined>): string {
   const q = new URLSearchParams();
@@ -191,12 +198,14 @@ export function withQuery(path: string, query: Record<string, string | undefined
 
 /**
  * Follows a Server-Sent Events stream with the bearer token (EventSource cannot send one):
- * calls `onEvent` for each message until `signal` aborts. Resolves when the stream ends.
+ * calls `onOpen` once the agent has accepted it, then `onEvent` for each message until `signal`
+ * aborts. Resolves when the stream ends; rejects when it cannot be opened or breaks.
  */
 export async function follow(
   path: string,
   onEvent: (type: string, data: string, id: string) => void,
   signal: AbortSignal,
+  onOpen?: () => void,
 ): Promise<void> {
   const res = await fetch(path, {
     headers: { ...authorization(), accept: 'text/event-stream' },
@@ -204,6 +213,7 @@ export async function follow(
     credentials: 'omit',
   });
   if (!res.ok || !res.body) throw await failure(res);
+  onOpen?.();
   const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = '';
   for (;;) {

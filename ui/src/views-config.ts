@@ -1,5 +1,7 @@
 /** The views that change the configuration: peers, services and routes, credentials. */
+
 import { useEffect, useState } from 'preact/hooks';
+import { serviceState } from '../../src/console/topology.js';
 import { ApiFailure, call, get, SCOPE_NAMES, SCOPE_PREFIX, withQuery } from './api.js';
 import { Action, Confirm, ErrorBox, Field, fieldOf, html, Submit, shortId, Table, usePages } from './ui.js';
 
@@ -28,7 +30,8 @@ export interface Service {
   route_count?: number;
   is_active?: boolean;
   health_check?: { tcp?: string; icmp?: string; interval_ms: number; failures: number } | null;
-  health?: unknown;
+  /** At the ingress with a data plane (failover, docs/dataplane.md). */
+  health?: { state?: string; reason?: string | null; carrying?: boolean } | null;
   routes?: Route[];
 }
 
@@ -633,7 +636,7 @@ export function ServicesView() {
                 <td>${s.transport_type}${s.fully_transparent ? ' · transparent' : ''}${s.requires_interface ? ' · interface' : ''}</td>
                 <td>${s.bandwidth_limit_mbps ? `${s.bandwidth_limit_mbps} Mbit/s` : 'unlimited'}</td>
                 <td>${s.route_count ?? ''}</td>
-                <td><span class=${`state ${s.is_active === false ? 'inactive' : 'reachable'}`}>${s.is_active === false ? 'inactive' : 'active'}</span></td>
+                <td><span class=${`state ${{ active: 'reachable', standby: 'unreachable', inactive: 'inactive' }[serviceState(s)]}`} title=${s.health?.reason ?? ''}>${serviceState(s)}</span></td>
                 <td><button type="button" onClick=${() => {
                   setOpen(s.id);
                   setCreating(false);

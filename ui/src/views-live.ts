@@ -1,11 +1,16 @@
 /** The views that watch: overview, topology, events, explain. */
 import { useEffect, useState } from 'preact/hooks';
-import { can, follow, get, withQuery } from './api.js';
+import { arrows, serviceState, type TunnelLink, tunnelLinks } from '../../src/console/topology.js';
+import { ApiFailure, can, follow, get, getText, withQuery } from './api.js';
 import { ErrorBox, html, shortId, Table } from './ui.js';
 import type { Peer, Service } from './views-config.js';
 
 /** Reads `path` now and every `everyMs`, while the view is shown. */
-function usePoll<T>(path: string | undefined, everyMs: number): { data: T | undefined; error: unknown } {
+function usePoll<T>(
+  path: string | undefined,
+  everyMs: number,
+  read: (path: string) => Promise<T> = get<T>,
+): { data: T | undefined; error: unknown } {
   const [data, setData] = useState<T | undefined>(undefined);
   const [error, setError] = useState<unknown>(undefined);
   useEffect(() => {
@@ -14,7 +19,7 @@ function usePoll<T>(path: string | undefined, everyMs: number): { data: T | unde
     let timer: ReturnType<typeof setTimeout> | undefined;
     const tick = async () => {
       try {
-        const r = await get<T>(path);
+        const r = await read(path);
         if (live) {
           setData(r);
           setError(undefined);
@@ -76,10 +81,18 @@ export function OverviewView() {
   </section>`;
 }
 
-/** Peers on a circle, services as arrows from ingress to exit; re-read every second. */
+/** The most arrows drawn; the rest are counted under the graph. */
+const MAX_ARROWS = 100;
+
+/**
+ * Peers on a circle; this agent's tunnels as lines to its peers (transport, up or down, round-trip
+ * time, from /metrics); services as one arrow per ingress, exit and state (active, standby after
+ * failover, inactive), thicker with more services. Peers re-read every second, the rest every 2 s.
+ */
 export function TopologyView() {
   const peers = usePoll<Peer[]>('/v1/peers', 1000);
   const services = usePoll<Service[]>(can('services.read') ? '/v1/services' : undefined, 2000);
+  const metrics = usePoll<string>('/metrics', 2000, getText);
   const list = peers.data ?? [];
   const size = 520;
   const r = list.length <= 1 ? 0 : size / 2 - 70;
@@ -94,18 +107,48 @@ export function TopologyView() {
   const labelled = list.length <= 24;
   const state = (p: Peer) =>
     p.is_active === false ? 'inactive' : p.reachable === false ? 'unreachable' : 'reachable';
-  const arrows = (services.data ?? []).slice(0, 500);
+  const name = (id: string) => {
+    const p = list.find((q) => q.id === id);
+    return p ? p.name || p.address : shortId(id);
+  };
+  const self = list.find((p) => p.is_local);
+  const tunnels = metrics.data === undefined ? [] : tunnelLinks(metrics.data);
+  const all = services.data ?? [];
+  const drawn = arrows(all, MAX_ARROWS);
+  const standby = all.filter((s) => serviceState(s) === 'standby').length;
+  const rtt = (t: TunnelLink) =>
+    t.rttMs === null ? 'no RTT yet' : `${t.rttMs < 10 ? t.rttMs.toFixed(1) : Math.round(t.rttMs)} ms`;
+  const summary = `${list.length} peers · ${tunnels.filter((t) => t.up).length}/${tunnels.length} tunnels up · ${all.length} services as ${drawn.arrows.length} arrows`;
   return html`<section aria-labelledby="topo-h">
     <h1 id="topo-h">Topology</h1>
-    <${ErrorBox} error=${peers.error ?? services.error} />
-    <svg class="topology" viewBox=${`0 0 ${size} ${size}`} role="img" aria-label="peers and services">
-      <defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="6" markerHeight="6" orient="auto-start-reverse">
-        <path d="M 0 0 L 10 5 L 0 10 z" class="arrowhead" /></marker></defs>
-      ${arrows.map((s, i) => {
-        const a = at.get(s.source_peer_id);
-        const b = at.get(s.target_peer_id);
+    <${ErrorBox} error=${peers.error ?? services.error ?? metrics.error} />
+    <p class="summary" data-testid="topology-summary">${summary}${standby > 0 ? html` · <strong class="standby-text">${standby} standby</strong>` : null}${drawn.hidden > 0 ? ` · ${drawn.hidden} services of the least busy pairs not drawn (all are under Services)` : null}</p>
+    <svg class="topology" viewBox=${`0 0 ${size} ${size}`} role="img" aria-label="peers, tunnels and services">
+      <defs>${['active', 'standby', 'inactive'].map(
+        (
+          k,
+        ) => html`<marker id=${`arrow-${k}`} viewBox="0 0 10 10" refX="10" refY="5" markerWidth="6" markerHeight="6" orient="auto-start-reverse">
+        <path d="M 0 0 L 10 5 L 0 10 z" class=${`arrowhead ${k}`} /></marker>`,
+      )}</defs>
+      ${tunnels.map((t, i) => {
+        const a = self ? at.get(self.id) : undefined;
+        const b = at.get(t.peerId);
         if (!a || !b || a === b) return null;
-        const bend = 12 + (i % 5) * 8;
+        // Two transports to one peer: two parallel lines, a few pixels apart.
+        const len = Math.hypot(b.x - a.x, b.y - a.y) || 1;
+        const off = (t.transport === 'kcp' ? 1 : -1) * 3;
+        const [dx, dy] = [(-(b.y - a.y) / len) * off, ((b.x - a.x) / len) * off];
+        const label = `${t.transport} ${t.up ? 'up' : 'down'}, ${rtt(t)}`;
+        return html`<g class=${`tunnel ${t.up ? 'up' : 'down'}`} data-peer-id=${t.peerId} data-transport=${t.transport} key=${`t${i}`}>
+          <line x1=${a.x + dx} y1=${a.y + dy} x2=${b.x + dx} y2=${b.y + dy}><title>tunnel to ${name(t.peerId)}: ${label}</title></line>
+          ${labelled ? html`<text x=${(a.x + b.x) / 2 + dx * 4} y=${(a.y + b.y) / 2 + dy * 4} text-anchor="middle" class="tunnel-label">${label}</text>` : null}
+        </g>`;
+      })}
+      ${drawn.arrows.map((s, i) => {
+        const a = at.get(s.from);
+        const b = at.get(s.to);
+        if (!a || !b || a === b) return null;
+        const bend = 14 + (i % 5) * 8 + (s.state === 'standby' ? 10 : 0);
         const mx = (a.x + b.x) / 2 + ((b.y - a.y) / 200) * bend;
         const my = (a.y + b.y) / 2 - ((b.x - a.x) / 200) * bend;
         // Ends on the circles' edges, so the arrowhead shows outside the exit's node.
@@ -114,7 +157,10 @@ export function TopologyView() {
           return { x: p.x + ((mx - p.x) / len) * (nodeR + 2), y: p.y + ((my - p.y) / len) * (nodeR + 2) };
         };
         const [from, to] = [edge(a), edge(b)];
-        return html`<path class=${`svc ${s.is_active === false ? 'inactive' : ''}`} d=${`M ${from.x} ${from.y} Q ${mx} ${my} ${to.x} ${to.y}`} marker-end="url(#arrow)"><title>service ${s.id}</title></path>`;
+        const what = `${s.count} ${s.state} service${s.count === 1 ? '' : 's'} ${name(s.from)} → ${name(s.to)}: ${s.ids.join(', ')}${s.count > s.ids.length ? ', …' : ''}`;
+        return html`<path class=${`svc ${s.state}`} data-state=${s.state} data-count=${s.count} style=${`stroke-width:${Math.min(8, 2 + Math.log2(s.count))}`}
+          d=${`M ${from.x} ${from.y} Q ${mx} ${my} ${to.x} ${to.y}`} marker-end=${`url(#arrow-${s.state})`}><title>${what}</title></path>
+          ${s.count > 1 ? html`<text x=${mx} y=${my} text-anchor="middle" class="count">${s.count}</text>` : null}`;
       })}
       ${list.map((p) => {
         const pos = at.get(p.id)!;
@@ -124,6 +170,25 @@ export function TopologyView() {
         </g>`;
       })}
     </svg>
+    <ul class="legend" aria-label="legend">
+      <li>Services, ingress → exit: <span class="key active">blue solid</span> active (carrying), <span class="key standby">orange dotted</span> standby (stands aside after failover), <span class="key inactive">grey dashed</span> inactive; a number counts an arrow's services.</li>
+      <li>Tunnels of this agent: <span class="key up">green</span> up, <span class="key down">red dashed</span> down; transport and round-trip time beside each.</li>
+      <li>Peers: green reachable, <span class="key down">red</span> unreachable, grey inactive.</li>
+    </ul>
+    <h2>Tunnels of this agent</h2>
+    ${
+      metrics.data !== undefined && tunnels.length === 0
+        ? html`<p data-testid="no-tunnels">No tunnels: this agent keeps one only to the peers it shares a carried service with, and only when it runs a data plane.</p>`
+        : html`<${Table} label="tunnels">
+          <thead><tr><th>Peer</th><th>Transport</th><th>State</th><th>Round-trip</th></tr></thead>
+          <tbody>${tunnels.map(
+            (
+              t,
+            ) => html`<tr data-peer-id=${t.peerId} data-transport=${t.transport} data-state=${t.up ? 'up' : 'down'}>
+              <td>${name(t.peerId)} <code>${shortId(t.peerId)}</code></td><td>${t.transport}</td>
+              <td><span class=${`state ${t.up ? 'reachable' : 'unreachable'}`}>${t.up ? 'up' : 'down'}</span></td><td>${rtt(t)}</td></tr>`,
+          )}</tbody><//>`
+    }
     <h2>Peers</h2>
     <ul class="peer-states">
       ${list.map(
@@ -133,7 +198,6 @@ export function TopologyView() {
         </li>`,
       )}
     </ul>
-    <p class="legend">Solid arrow: active service, ingress → exit; dashed: inactive. Red node: unreachable.</p>
   </section>`;
 }
 
@@ -148,13 +212,37 @@ interface MeshEvent {
 /** The most events the view holds: the newest first. */
 const SHOWN_EVENTS = 200;
 
+/** The stream's state: live, or waiting to reconnect after it ended (the agent restarted). */
+type Connection =
+  | { state: 'connecting' | 'live' | 'closed' }
+  | { state: 'reconnecting'; attempt: number; waitMs: number; after: number };
+
+/** Waits `ms`, or less if `signal` aborts. */
+function pause(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    const timer = setTimeout(resolve, ms);
+    signal.addEventListener(
+      'abort',
+      () => {
+        clearTimeout(timer);
+        resolve();
+      },
+      { once: true },
+    );
+  });
+}
+
+/** The first wait before reconnecting, doubled at each failed attempt up to the longest. */
+const RECONNECT_FIRST_MS = 500;
+const RECONNECT_LONGEST_MS = 10_000;
+
 export function EventsView() {
   const [type, setType] = useState('');
   const [resource, setResource] = useState('');
   const [applied, setApplied] = useState({ type: '', resource: '' });
   const [events, setEvents] = useState<MeshEvent[]>([]);
   const [error, setError] = useState<unknown>(undefined);
-  const [live, setLive] = useState(false);
+  const [connection, setConnection] = useState<Connection>({ state: 'connecting' });
   useEffect(() => {
     const abort = new AbortController();
     const query = { type: applied.type, resource: applied.resource };
@@ -165,32 +253,63 @@ export function EventsView() {
     };
     setEvents([]);
     setError(undefined);
+    setConnection({ state: 'connecting' });
     (async () => {
       // The newest seq, without reading the log: a filter that matches nothing answers with
       // `next` at the newest seq the agent has given (docs/events.md). Then the last 200 seqs,
       // then the stream from where that page ended: nothing between is lost.
       const head = await get<{ next: number }>(withQuery('/v1/events', { type: 'console.none', limit: '1' }));
-      const since = String(Math.max(0, head.next - SHOWN_EVENTS));
       const page = await get<{ events: MeshEvent[]; next: number }>(
-        withQuery('/v1/events', { ...query, since, limit: String(SHOWN_EVENTS) }),
+        withQuery('/v1/events', {
+          ...query,
+          since: String(Math.max(0, head.next - SHOWN_EVENTS)),
+          limit: String(SHOWN_EVENTS),
+        }),
       );
-      const next = page.next;
+      let after = page.next;
       add(page.events);
-      setLive(true);
-      await follow(
-        withQuery('/v1/events/stream', { ...query, since: String(next) }),
-        (t, data) => {
-          if (t !== 'resync') add([JSON.parse(data) as MeshEvent]);
-        },
-        abort.signal,
-      );
-    })()
-      .catch((e) => {
-        if (!abort.signal.aborted) setError(e);
-      })
-      .finally(() => setLive(false));
+      // A stream ends when the agent stops (docs/events.md, "Ends") and fails while it is down:
+      // reconnect with a growing wait, after the last seq seen, so nothing is lost or shown twice.
+      for (let attempt = 0; ; ) {
+        try {
+          await follow(
+            withQuery('/v1/events/stream', { ...query, since: String(after) }),
+            (t, data, id) => {
+              if (t !== 'resync') add([JSON.parse(data) as MeshEvent]);
+              if (id) after = Number(id);
+            },
+            abort.signal,
+            () => {
+              attempt = 0;
+              setConnection({ state: 'live' });
+            },
+          );
+        } catch (e) {
+          // Refused for a reason a retry does not change (a 401 has ended the session already).
+          if (e instanceof ApiFailure && e.status >= 400 && e.status < 500) throw e;
+        }
+        if (abort.signal.aborted) return;
+        attempt++;
+        const waitMs = Math.min(RECONNECT_LONGEST_MS, RECONNECT_FIRST_MS * 2 ** (attempt - 1));
+        setConnection({ state: 'reconnecting', attempt, waitMs, after });
+        await pause(waitMs, abort.signal);
+        if (abort.signal.aborted) return;
+      }
+    })().catch((e) => {
+      if (abort.signal.aborted) return;
+      setError(e);
+      setConnection({ state: 'closed' });
+    });
     return () => abort.abort();
   }, [applied]);
+  const status =
+    connection.state === 'reconnecting'
+      ? `reconnecting (attempt ${connection.attempt}, every ${connection.waitMs / 1000} s at most; resumes after seq ${connection.after})`
+      : connection.state === 'live'
+        ? 'live'
+        : connection.state === 'connecting'
+          ? 'connecting'
+          : 'not connected';
   return html`<section aria-labelledby="events-h">
     <h1 id="events-h">Events</h1>
     <form class="filters" aria-label="filter events" onSubmit=${(e: Event) => {
@@ -203,7 +322,7 @@ export function EventsView() {
         <input id="ev-resource" value=${resource} onInput=${(e: Event) => setResource((e.target as HTMLInputElement).value)} /></div>
       <button type="submit" class="primary">Apply</button>
     </form>
-    <p role="status"><span class=${`state ${live ? 'reachable' : 'inactive'}`}>${live ? 'live' : 'not connected'}</span> ${events.length} event(s) shown, newest first</p>
+    <p role="status"><span data-testid="stream-state" data-state=${connection.state} class=${`state ${connection.state === 'live' ? 'reachable' : connection.state === 'reconnecting' ? 'unreachable' : 'inactive'}`}>${status}</span> ${events.length} event(s) shown, newest first</p>
     <${ErrorBox} error=${error} />
     <${Table} label="events">
       <thead><tr><th>Seq</th><th>Time</th><th>Type</th><th>Resource</th><th>Actor</th></tr></thead>

@@ -1,0 +1,99 @@
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { Gauge, Registry } from 'prom-client';
+import { arrows, type ServiceLike, samples, serviceState, tunnelLinks } from './topology.js';
+
+/** Prometheus text as the agent's own library writes it, with the tunnel metrics' label sets. */
+async function metricsText(
+  up: [string, string, number][],
+  rtt: [string, string, number][],
+  kcpRtt: [string, number][],
+): Promise<string> {
+  const registry = new Registry();
+  const registers = [registry];
+  const g = (name: string, labelNames: string[]) =>
+    new Gauge({ name, help: `${name} "help"`, labelNames, registers });
+  const tunnelUp = g('mesh_tunnel_up', ['peer_id', 'transport']);
+  for (const [p, t, v] of up) tunnelUp.labels(p, t).set(v);
+  const tunnelRtt = g('mesh_tunnel_rtt_seconds', ['peer_id', 'transport']);
+  for (const [p, t, v] of rtt) tunnelRtt.labels(p, t).set(v);
+  const kcp = g('mesh_kcp_rtt_seconds', ['peer_id']);
+  for (const [p, v] of kcpRtt) kcp.labels(p).set(v);
+  g('mesh_tunnel_up_decoy', ['peer_id']).labels('x').set(1);
+  return registry.metrics();
+}
+
+describe('the console topology model', () => {
+  it('reads each tunnel, its state and its round-trip time from /metrics text', async () => {
+    const text = await metricsText(
+      [
+        ['peer-b', 'tcp', 1],
+        ['peer-b', 'kcp', 0],
+        ['peer-a', 'tcp', 1],
+      ],
+      [
+        ['peer-b', 'tcp', 0.0042],
+        ['peer-b', 'kcp', 0.5],
+      ],
+      [['peer-b', 0.012]],
+    );
+    assert.deepEqual(tunnelLinks(text), [
+      { peerId: 'peer-a', transport: 'tcp', up: true, rttMs: null },
+      { peerId: 'peer-b', transport: 'kcp', up: false, rttMs: 12 },
+      { peerId: 'peer-b', transport: 'tcp', up: true, rttMs: 4.2 },
+    ]);
+    assert.deepEqual(tunnelLinks(await metricsText([], [], [])), [], 'no data plane: no tunnels');
+  });
+
+  it('unescapes label values and skips other metrics and comments', () => {
+    const m = samples('# HELP x a{b="c"} 1\nx{a="q\\"d\\\\e"} 2\nxy 3\nx 4\n', ['x']);
+    assert.deepEqual(m.get('x'), [
+      { labels: { a: 'q"d\\e' }, value: 2 },
+      { labels: {}, value: 4 },
+    ]);
+  });
+
+  it('tells active, standby (not carrying after failover) and inactive services apart', () => {
+    const s = (health: ServiceLike['health'], is_active = true): ServiceLike => ({
+      id: 's',
+      source_peer_id: 'a',
+      target_peer_id: 'b',
+      is_active,
+      health,
+    });
+    assert.equal(serviceState(s(undefined)), 'active', 'no data plane: configured, so active');
+    assert.equal(serviceState(s(null)), 'active');
+    assert.equal(serviceState(s({ carrying: true })), 'active');
+    assert.equal(serviceState(s({ carrying: false, reason: 'tunnel_silent' })), 'standby');
+    assert.equal(serviceState(s({ carrying: true }, false)), 'inactive');
+  });
+
+  it('draws a thousand services as one arrow per ingress, exit and state, bounded', () => {
+    const services: ServiceLike[] = [];
+    for (let i = 0; i < 1000; i++) {
+      services.push({
+        id: `svc_${i}`,
+        source_peer_id: 'ingress',
+        target_peer_id: `exit-${i % 3}`,
+        health: { carrying: i % 10 !== 0 },
+      });
+    }
+    const all = arrows(services, 100);
+    assert.equal(all.arrows.length, 6, '3 exits × active and standby');
+    assert.equal(all.hidden, 0);
+    assert.equal(
+      all.arrows.reduce((n, a) => n + a.count, 0),
+      1000,
+    );
+    const standby = all.arrows.filter((a) => a.state === 'standby');
+    assert.equal(
+      standby.reduce((n, a) => n + a.count, 0),
+      100,
+    );
+    assert.ok(all.arrows.every((a) => a.ids.length <= 5));
+    const few = arrows(services, 2);
+    assert.equal(few.arrows.length, 2);
+    assert.equal(few.hidden, 1000 - few.arrows[0]!.count - few.arrows[1]!.count);
+    assert.ok(few.arrows[0]!.count >= few.arrows[1]!.count, 'the busiest first');
+  });
+});
