@@ -36,6 +36,8 @@ const ALLOWED: Record<string, string[]> = {
   dataplane: ['domain', 'transports', 'native', 'dataplane'],
   events: ['domain', 'store', 'events'],
   webhooks: ['domain', 'store', 'events', 'webhooks'],
+  // Pure logic the web console bundles (ui/): nothing of the agent's.
+  console: ['console'],
   api: ['domain', 'store', 'auth', 'license', 'cluster', 'dataplane', 'events', 'webhooks', 'api'],
   'agent.ts': [
     'domain',
