@@ -18,7 +18,7 @@ import {
   MAX_DATA_PAYLOAD,
   type StreamEnds,
 } from './stream-frames.js';
-import { emptyStats, type Pacer, StreamMux, type StreamMuxOptions } from './streams.js';
+import { emptyStats, PACED_QUANTUM_MS, type Pacer, StreamMux, type StreamMuxOptions } from './streams.js';
 
 // A has the lower id: it dials the tunnel and opens odd stream ids; B opens even ones.
 const A = 'a'.repeat(32);
@@ -957,6 +957,36 @@ describe('StreamMux over the memory transport with loopback sockets', { timeout:
     assert.ok(maxRequest <= MAX_DATA_PAYLOAD);
     assert.equal(forgotten.length, 2, 'each side forgot its flow');
   });
+
+  for (const mbps of [10, 1]) {
+    it(`a limited stream asks its pacer for ${PACED_QUANTUM_MS} ms of the rate at a time, at least 4 KiB (${mbps} Mbit/s)`, async () => {
+      // So that another flow of the service waits behind one quantum, not a 64 KiB frame.
+      const perMs = (mbps * 1e6) / 8 / 1000;
+      const quantum = Math.max(4096, Math.round(perMs * PACED_QUANTUM_MS));
+      let largest = 0;
+      let asked = 0;
+      const pacer: Pacer = {
+        request: (_flowId, bytes, go) => {
+          largest = Math.max(largest, bytes);
+          asked += bytes;
+          go();
+        },
+        forget: () => {},
+        bytesIn: (ms) => perMs * ms,
+      };
+      const h = await setup({
+        destination: echo,
+        mux: { limiter: (serviceId) => (serviceId === SERVICE ? pacer : null) },
+      });
+      const payload = randomBytes(1024 * 1024);
+      const client = await h.client(h.a);
+      const answer = collect(client);
+      client.end(payload);
+      assert.equal(sha(await within(20_000, 'paced echo', answer)), sha(payload));
+      assert.equal(asked, 2 * payload.length, 'every byte asked for, each way');
+      assert.equal(largest, quantum, `the largest request: ${largest} B`);
+    });
+  }
 
   it('closeService resets its streams on both sides and leaves others alone; close() resets the rest', async () => {
     const h = await setup({ destination: echo });
