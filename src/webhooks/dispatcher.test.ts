@@ -179,9 +179,13 @@ describe('WebhookDispatcher', () => {
     const recorded = [0, 1, 2].map((i) =>
       events.record({ type: 'bench.happened', resource: { kind: 'bench', id: String(i) }, data: {} }),
     );
+    // Arrived, and answered: the receiver records a delivery before its answer reaches the
+    // dispatcher, and a stop in between aborts that attempt (sent again after a restart).
     await waitUntil(
-      'all three arrive after the restart',
-      () => new Set(r.events.map((e) => e.seq)).size >= 3,
+      'all three arrive after the restart, the last one answered',
+      () =>
+        new Set(r.events.map((e) => e.seq)).size >= 3 &&
+        dispatcher.progress(hook.id)?.cursor === recorded[2]!.seq,
       15_000,
     );
     await dispatcher.stop();
