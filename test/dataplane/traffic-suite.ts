@@ -309,17 +309,19 @@ export function trafficSuite(transport: 'tcp' | 'kcp', prefix: string, index: nu
       assert.ok((s.streams_refused as number) >= 1, JSON.stringify(s));
     });
 
+    /** Sets the NAT service's bandwidth limit and pushes it to both agents at once. */
+    const limit = async (mbps: number) => {
+      const res = await ingress.agent.client.put(`/v1/services/${nat}`, {
+        token: ingress.token,
+        json: { bandwidth_limit_mbps: mbps },
+      });
+      assert.equal(res.status, 200, res.text);
+      await ingress.agent.client.post('/v1/cluster/sync', { token: ingress.token });
+      await exit.agent.client.post('/v1/cluster/sync', { token: exit.token });
+    };
+
     it('holds bandwidth_limit_mbps in each direction, fair between flows; 0 is unlimited', async (t) => {
       const measured: string[] = [];
-      const limit = async (mbps: number) => {
-        const res = await ingress.agent.client.put(`/v1/services/${nat}`, {
-          token: ingress.token,
-          json: { bandwidth_limit_mbps: mbps },
-        });
-        assert.equal(res.status, 200, res.text);
-        await ingress.agent.client.post('/v1/cluster/sync', { token: ingress.token });
-        await exit.agent.client.post('/v1/cluster/sync', { token: exit.token });
-      };
       /** Mbit/s of payload: downloads from /bytes, uploads to /sink, for `seconds`. */
       /**
        * Mbit/s of payload, as the receiving end saw it. Down: bytes curl received from /bytes in
@@ -457,15 +459,6 @@ export function trafficSuite(transport: 'tcp' | 'kcp', prefix: string, index: nu
     if (transport === 'kcp') it.todo(`${lowLatency} (kcp: tails of 100 to 150 ms, not yet)`);
     else
       it(lowLatency, async (t) => {
-        const setLimit = async (mbps: number) => {
-          const res = await ingress.agent.client.put(`/v1/services/${nat}`, {
-            token: ingress.token,
-            json: { bandwidth_limit_mbps: mbps },
-          });
-          assert.equal(res.status, 200, res.text);
-          await ingress.agent.client.post('/v1/cluster/sync', { token: ingress.token });
-          await exit.agent.client.post('/v1/cluster/sync', { token: exit.token });
-        };
         const pings = async (count: number) => {
           const out = await topo
             .run(
@@ -536,10 +529,10 @@ export function trafficSuite(transport: 'tcp' | 'kcp', prefix: string, index: nu
         };
         try {
           // Without a limit first, as the control: the same flows, nothing shaped.
-          await setLimit(0);
+          await limit(0);
           await added('up');
           await added('down');
-          await setLimit(10);
+          await limit(10);
           for (const direction of ['up', 'down'] as const) {
             // A run whose numbers a stall of the shared cores explains is measured again, at most
             // three times in all.
@@ -557,7 +550,7 @@ export function trafficSuite(transport: 'tcp' | 'kcp', prefix: string, index: nu
             }
           }
         } finally {
-          await setLimit(0);
+          await limit(0);
           t.diagnostic(`latency beside a bulk flow (first two lines unlimited): ${measured.join(' | ')}`);
         }
       });
