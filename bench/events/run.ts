@@ -12,35 +12,44 @@
  * 3. Store growth per 100,000 events, in process: a real Store in a temp dir, 100,000 events
  *    shaped like `route.created` (the size of a real one) recorded in transactions of 1000; the
  *    file (WAL checkpointed) before and after.
- * 4. Write throughput with and without the log, as a same-run ratio against a baseline BUILD
- *    (BENCH_BASELINE=DIR: a checkout of the commit before the log, built; no switch in the
- *    agent turns the log off): one agent of each build, the same workload (PUT /v1/peers/{self}
- *    renaming it, a replicated write with fsync; with the log it also records peer.renamed),
- *    ROUNDS rounds alternating the builds so disk noise hits both, WRITES writes per round from
- *    one client in a closed loop; median writes/s of each build and their ratio.
+ * 4. Write throughput with and without the log: this build against the same build with the
+ *    replica's config events cut out (a copy of dist/ in a temp dir whose Replica.noteChange
+ *    returns at once; no switch in the agent turns the log off). One agent of each, the same
+ *    workload (PUT /v1/peers/{self} renaming it, a replicated write with fsync; with the log it
+ *    also records peer.renamed), WRITES writes each from one client, alternating write by write
+ *    between the two agents so that disk and CPU noise hit both alike; throughput of each and
+ *    their ratio (with over without), and the ratio of the per-write medians.
  *
  * Run: npm run build && node dist/bench/events/run.js
- * Environment: LATENCY_N (200), BURSTS (20), WRITES (300), ROUNDS (4), BENCH_BASELINE.
+ * Environment: LATENCY_N (200), BURSTS (20), WRITES (2000).
  * Output: a summary on stdout and JSON in bench/results/events-<timestamp>.json.
  */
-import { mkdirSync, mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs';
-import { join, resolve } from 'node:path';
+import {
+  cpSync,
+  mkdirSync,
+  mkdtempSync,
+  readFileSync,
+  rmSync,
+  statSync,
+  symlinkSync,
+  writeFileSync,
+} from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { systemClock } from '../../src/domain/clock.js';
 import { EventLog } from '../../src/events/event-log.js';
 import { Store } from '../../src/store/store.js';
 import { AgentProcess } from '../../test/helpers/agent-process.js';
 import { makeVendor } from '../../test/helpers/licenses.js';
-import { bootstrapNode, join as joinNodes, type Node } from '../../test/helpers/nodes.js';
+import { bootstrapNode, join as joinNodes } from '../../test/helpers/nodes.js';
 import { SseClient } from '../../test/helpers/sse-client.js';
 import { fmt, median, REPO_ROOT } from '../api/measure.js';
 
 const int = (v: string | undefined, d: number) => (v && /^\d+$/.test(v) ? Number(v) : d);
 const LATENCY_N = int(process.env.LATENCY_N, 200);
 const BURSTS = int(process.env.BURSTS, 20);
-const WRITES = int(process.env.WRITES, 300);
-const ROUNDS = int(process.env.ROUNDS, 4);
-const BASELINE = process.env.BENCH_BASELINE ? resolve(process.env.BENCH_BASELINE) : undefined;
+const WRITES = int(process.env.WRITES, 2000);
 const LICENSE = {
   license_id: 'bench-events',
   expires_at: new Date(Date.now() + 365 * 86_400_000).toISOString(),
@@ -55,7 +64,7 @@ const ok = (res: { status: number; text: string }, status: number, what: string)
 };
 
 const vendor = makeVendor();
-const result: Record<string, unknown> = { at: new Date().toISOString(), baseline: BASELINE ?? null };
+const result: Record<string, unknown> = { at: new Date().toISOString() };
 
 async function latencyAndRate(): Promise<void> {
   const agents = [await AgentProcess.start({ vendor }), await AgentProcess.start({ vendor })];
@@ -181,40 +190,78 @@ function storeGrowth(): void {
   };
 }
 
-async function throughput(build: string, rounds: number[][], tag: number): Promise<void> {
-  const agent = await AgentProcess.start({ vendor, mainJs: join(build, 'dist/src/cli/main.js') });
+/**
+ * This build with the replica's config events cut out: dist/ copied, one method patched, the
+ * rest (node_modules, the native addons, package.json) shared with the repository.
+ */
+function buildWithoutLog(): string {
+  const dir = mkdtempSync(join(tmpdir(), 'mesh-nolog-'));
+  cpSync(join(REPO_ROOT, 'dist'), join(dir, 'dist'), { recursive: true });
+  for (const shared of ['node_modules', 'build', 'package.json']) {
+    symlinkSync(join(REPO_ROOT, shared), join(dir, shared));
+  }
+  const replica = join(dir, 'dist/src/cluster/replica.js');
+  const code = readFileSync(replica, 'utf8');
+  const head = /noteChange\(key, before, actor\) \{/g;
+  const found = code.match(head)?.length ?? 0;
+  if (found !== 1) throw new Error(`replica.js: ${found} noteChange definitions, expected 1`);
+  writeFileSync(
+    replica,
+    code.replace(head, (m) => `${m} return;`),
+  );
+  return dir;
+}
+
+/** Closed-loop renames on both agents, alternating write by write; per-write times in ms. */
+async function throughput(): Promise<void> {
+  const noLog = buildWithoutLog();
+  const agents = [
+    await AgentProcess.start({ vendor, mainJs: join(noLog, 'dist/src/cli/main.js') }),
+    await AgentProcess.start({ vendor }),
+  ];
   try {
-    const n: Node = await bootstrapNode(agent, vendor, LICENSE);
-    const t0 = performance.now();
-    for (let i = 0; i < WRITES; i++) {
-      const res = await agent.client.put(`/v1/peers/${n.peerId}`, {
+    const nodes = [
+      await bootstrapNode(agents[0]!, vendor, LICENSE),
+      await bootstrapNode(agents[1]!, vendor, LICENSE),
+    ];
+    const times: number[][] = [[], []];
+    for (let i = 0; i < WRITES * 2; i++) {
+      const n = nodes[i % 2]!;
+      const t0 = performance.now();
+      const res = await n.agent.client.put(`/v1/peers/${n.peerId}`, {
         token: n.token,
-        json: { name: `n${tag}-${i}` },
+        json: { name: `n${i}` },
       });
       ok(res, 200, 'rename');
+      times[i % 2]!.push(performance.now() - t0);
     }
-    rounds[tag % 2]!.push(WRITES / ((performance.now() - t0) / 1000));
+    const events = await nodes[1]!.agent.client.get('/v1/events?type=peer.renamed&limit=1000', {
+      token: nodes[1]!.token,
+    });
+    const noLogEvents = await nodes[0]!.agent.client.get('/v1/events?type=peer.renamed&limit=1000', {
+      token: nodes[0]!.token,
+    });
+    const count = (r: { body: unknown }) => ((r.body as { events?: unknown[] }).events ?? []).length;
+    const perS = (xs: number[]) => xs.length / (xs.reduce((a, b) => a + b, 0) / 1000);
+    result.throughput = {
+      writes_each: WRITES,
+      without_log_writes_per_s: perS(times[0]!),
+      with_log_writes_per_s: perS(times[1]!),
+      ratio_with_over_without: perS(times[1]!) / perS(times[0]!),
+      per_write_median_ms: { without: median(times[0]!), with: median(times[1]!) },
+      ratio_of_medians: median(times[0]!) / median(times[1]!),
+      // What each build recorded, so a patch that missed (or cut too much) shows.
+      peer_renamed_events_seen: { without: count(noLogEvents), with: count(events) },
+    };
   } finally {
-    await agent.stop();
+    for (const a of agents) await a.stop();
+    rmSync(noLog, { recursive: true, force: true });
   }
 }
 
 await latencyAndRate();
 storeGrowth();
-if (BASELINE) {
-  // [0]: the baseline build, [1]: this one; alternating, so drift and disk noise hit both.
-  const rounds: number[][] = [[], []];
-  for (let r = 0; r < ROUNDS * 2; r++) await throughput(r % 2 === 0 ? BASELINE : REPO_ROOT, rounds, r);
-  const base = median(rounds[0]!);
-  const cur = median(rounds[1]!);
-  result.throughput = {
-    writes_per_round: WRITES,
-    rounds: ROUNDS,
-    baseline_writes_per_s: rounds[0],
-    with_log_writes_per_s: rounds[1],
-    ratio_with_log_over_baseline: cur / base,
-  };
-}
+await throughput();
 
 const l = result.latency as {
   same_agent_ms: Record<string, number>;
@@ -223,18 +270,21 @@ const l = result.latency as {
 };
 const r = result.rate as Record<string, number>;
 const s = result.store as Record<string, number>;
-const t = result.throughput as
-  | { baseline_writes_per_s: number[]; with_log_writes_per_s: number[]; ratio_with_log_over_baseline: number }
-  | undefined;
+const t = result.throughput as {
+  without_log_writes_per_s: number;
+  with_log_writes_per_s: number;
+  ratio_with_over_without: number;
+  per_write_median_ms: { without: number; with: number };
+  ratio_of_medians: number;
+  peer_renamed_events_seen: { without: number; with: number };
+};
 const lines = [
   `write ack -> SSE event, same agent:  p50 ${fmt(l.same_agent_ms.p50!, 1)} ms  p99 ${fmt(l.same_agent_ms.p99!, 1)} ms  max ${fmt(l.same_agent_ms.max!, 1)} ms  (${LATENCY_N} writes)`,
   `request sent -> SSE event, same agent: p50 ${fmt(l.same_agent_from_request_ms.p50!, 1)} ms  p99 ${fmt(l.same_agent_from_request_ms.p99!, 1)} ms`,
   `write ack -> SSE event, other agent: p50 ${fmt(l.other_agent_ms.p50!, 1)} ms  p99 ${fmt(l.other_agent_ms.p99!, 1)} ms  max ${fmt(l.other_agent_ms.max!, 1)} ms`,
   `events recorded/s (1000 per transaction): ${fmt(r.recorded_per_s!)}; recorded and streamed/s: ${fmt(r.recorded_and_streamed_per_s!)}`,
   `store growth per 100,000 events: ${fmt(s.bytes_per_100k! / 1e6, 1)} MB (${fmt(s.bytes_per_event!)} B/event); in-process record ${fmt(s.in_process_record_per_s!)}/s`,
-  t
-    ? `writes/s, PUT /v1/peers/self: baseline ${t.baseline_writes_per_s.map((x) => fmt(x)).join(' ')}; with the log ${t.with_log_writes_per_s.map((x) => fmt(x)).join(' ')}; ratio ${fmt(t.ratio_with_log_over_baseline, 3)}`
-    : 'write throughput ratio: skipped (set BENCH_BASELINE to a built checkout of the commit before the log)',
+  `writes/s, PUT /v1/peers/self, ${WRITES} each, alternating: without the log ${fmt(t.without_log_writes_per_s)}, with ${fmt(t.with_log_writes_per_s)}, ratio ${fmt(t.ratio_with_over_without, 3)}; per-write median ${fmt(t.per_write_median_ms.without, 2)} / ${fmt(t.per_write_median_ms.with, 2)} ms, ratio ${fmt(t.ratio_of_medians, 3)}; peer.renamed events seen ${t.peer_renamed_events_seen.without} / ${t.peer_renamed_events_seen.with}`,
 ];
 process.stdout.write(`${lines.join('\n')}\n`);
 const out = join(REPO_ROOT, 'bench/results');
