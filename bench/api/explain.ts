@@ -16,6 +16,7 @@
  *
  *   node dist/bench/api/explain.js [--requests N] [--dataplane]
  */
+import { writeFileSync } from 'node:fs';
 import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
 import { explain, RouteExplainer } from '../../src/dataplane/explain.js';
@@ -215,6 +216,16 @@ async function withDataPlane(requests: number): Promise<void> {
       for (const net of ['10.100.0.0/14', '10.104.0.0/16'])
         await topo.run(topo.ns.ingress, 'ip', ['route', 'add', net, 'via', IP.client]);
       await topo.run(topo.ns.ingress, 'ip', ['-6', 'route', 'add', 'fd01::/16', 'via', IP.client6]);
+      // And the destinations lie behind each exit, as a real service's do: an exit without a
+      // route toward them says so (exit_no_route), and its service stands aside mid-run.
+      for (const [ns, v4, v6] of [
+        [topo.ns.exit, IP.dest, IP.dest6],
+        [topo.ns.exit2, IP.dest2, IP.dest26],
+      ] as const) {
+        if (ns === null) continue;
+        await topo.run(ns, 'ip', ['route', 'add', '10.0.0.0/14', 'via', v4]);
+        await topo.run(ns, 'ip', ['-6', 'route', 'add', 'fd00::/16', 'via', v6]);
+      }
     },
   });
   try {
@@ -235,7 +246,19 @@ async function withDataPlane(requests: number): Promise<void> {
     );
     printTimings(timings, requests);
     console.log(`  the kernel view agreed on ${timings.agreed} of ${requests}`);
-    for (const d of timings.differences) console.log(`    ${d}`);
+    for (const d of timings.differences) console.log(`    ${d.slice(0, 400)}`);
+    // What else the agents did meanwhile: a health change redoes hundreds of policy rules.
+    for (const [name, n] of [
+      ['ingress', mesh.ingress],
+      ['exit', mesh.exit],
+      ['exit2', mesh.exit2],
+    ] as const) {
+      const changes = n.agent.logs.split('\n').filter((l) => l.includes('service health changed'));
+      console.log(`  ${name}: ${changes.length} service health changes logged`);
+      for (const l of changes.slice(0, 10)) console.log(`    ${l.slice(0, 200)}`);
+      if (process.env.EXPLAIN_BENCH_LOGS)
+        writeFileSync(`${process.env.EXPLAIN_BENCH_LOGS}-${name}.log`, n.agent.logs);
+    }
   } finally {
     await mesh.down();
   }

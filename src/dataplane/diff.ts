@@ -45,6 +45,30 @@ export function linkKey(l: LinkSpec): string {
 }
 
 /**
+ * What the kernel compares between two rules besides their addresses (its rule_exists and
+ * fib4/fib6_rule_compare): rules with different keys are never duplicates.
+ */
+function duplicateKey(c: RuleSpec): string {
+  return JSON.stringify([
+    c.family,
+    c.pref,
+    String(c.table),
+    c.iif ?? null,
+    c.fwmark ? [c.fwmark.value >>> 0, c.fwmark.mask >>> 0] : null,
+    c.ipproto ?? null,
+    c.sport ?? null,
+  ]);
+}
+
+/** With both rules canonical: an address counts only where the new rule sets one. */
+function addressesCollide(rule: RuleSpec, existing: RuleSpec): boolean {
+  return (
+    (rule.from === undefined || rule.from === existing.from) &&
+    (rule.to === undefined || rule.to === existing.to)
+  );
+}
+
+/**
  * Whether the kernel refuses to add `rule` beside `existing` (EEXIST): everything but the
  * addresses must be equal, and an address counts only where the new rule sets one (the
  * kernel's rule_exists and fib4/fib6_rule_compare).
@@ -52,19 +76,33 @@ export function linkKey(l: LinkSpec): string {
 export function kernelDuplicate(rule: RuleSpec, existing: RuleSpec): boolean {
   const a = canonicalRule(rule);
   const b = canonicalRule(existing);
-  const mark = (r: RuleSpec) => (r.fwmark ? [r.fwmark.value >>> 0, r.fwmark.mask >>> 0] : null);
-  return (
-    a.family === b.family &&
-    a.pref === b.pref &&
-    String(a.table) === String(b.table) &&
-    (a.iif ?? null) === (b.iif ?? null) &&
-    JSON.stringify(mark(a)) === JSON.stringify(mark(b)) &&
-    (a.ipproto ?? null) === (b.ipproto ?? null) &&
-    (a.sport ?? null) === (b.sport ?? null) &&
-    (a.from === undefined || a.from === b.from) &&
-    (a.to === undefined || a.to === b.to)
-  );
+  return duplicateKey(a) === duplicateKey(b) && addressesCollide(a, b);
 }
+
+/**
+ * The rules of `toDelete` that one of `toAdd` would collide with (kernelDuplicate), in linear
+ * time: a failover re-ranks a service's thousand rules at once, and comparing every pair held
+ * the event loop for seconds.
+ */
+function rulesInTheWay(toDelete: readonly RuleSpec[], toAdd: readonly RuleSpec[]): Set<RuleSpec> {
+  const adding = new Map<string, RuleSpec[]>();
+  for (const rule of toAdd) {
+    const c = canonicalRule(rule);
+    const key = duplicateKey(c);
+    const same = adding.get(key);
+    if (same) same.push(c);
+    else adding.set(key, [c]);
+  }
+  const inTheWay = new Set<RuleSpec>();
+  for (const old of toDelete) {
+    const c = canonicalRule(old);
+    if (adding.get(duplicateKey(c))?.some((r) => addressesCollide(r, c))) inTheWay.add(old);
+  }
+  return inTheWay;
+}
+
+/** Stable: IPv4 first. Each family is one `ip -batch` run, not one per change of family. */
+const byFamily = (rules: RuleSpec[]) => rules.sort((a, b) => a.family - b.family);
 
 function missing<T>(from: readonly T[], other: readonly T[], key: (x: T) => string): T[] {
   const have = new Set(other.map(key));
@@ -88,9 +126,9 @@ export function diff(
   nft: { applied: string | null; appliedFrom: string | null },
 ): KernelChange[] {
   const changes: KernelChange[] = [];
-  const rulesToAdd = missing(desired.rules, observed.rules, ruleKey);
-  const rulesToDelete = missing(observed.rules, desired.rules, ruleKey);
-  const inTheWay = rulesToDelete.filter((old) => rulesToAdd.some((r) => kernelDuplicate(r, old)));
+  const rulesToAdd = byFamily(missing(desired.rules, observed.rules, ruleKey));
+  const rulesToDelete = byFamily(missing(observed.rules, desired.rules, ruleKey));
+  const inTheWay = rulesInTheWay(rulesToDelete, rulesToAdd);
   for (const rule of inTheWay) changes.push({ op: 'del', rule });
   for (const route of missing(observed.routes, desired.routes, routeKey)) changes.push({ op: 'del', route });
   for (const address of missing(observed.addresses, desired.addresses, addressKey)) {
@@ -115,7 +153,7 @@ export function diff(
   const keptRoutes = observed.routes.filter((r) => !linksToDelete.some((l) => l.name === r.dev));
   for (const route of missing(desired.routes, keptRoutes, routeKey)) changes.push({ op: 'add', route });
   for (const rule of rulesToAdd) changes.push({ op: 'add', rule });
-  for (const rule of rulesToDelete) if (!inTheWay.includes(rule)) changes.push({ op: 'del', rule });
+  for (const rule of rulesToDelete) if (!inTheWay.has(rule)) changes.push({ op: 'del', rule });
   const nftDrifted = observed.nft !== nft.applied;
   if (desired.nft !== nft.appliedFrom || nftDrifted) {
     if (desired.nft !== null || observed.nft !== null) changes.push({ op: 'nft', ruleset: desired.nft });
