@@ -210,6 +210,18 @@ async function withDataPlane(requests: number): Promise<void> {
   if (process.getuid?.() !== 0) throw new Error('--dataplane needs root (network namespaces)');
   const { route, packet } = generators(prng(SEED));
   const mesh = await meshNetnsUp('mbex', 74, {
+    // EXPLAIN_BENCH_PROFILE=DIR: a CPU profile of each agent, written when it stops.
+    ...(process.env.EXPLAIN_BENCH_PROFILE
+      ? {
+          // The flag serve would restart itself for (src/cli/v8-flags.ts): an execv with the
+          // profiler's timer armed dies of SIGPROF.
+          agentNodeArgs: [
+            '--initial-old-space-size=32',
+            '--cpu-prof',
+            `--cpu-prof-dir=${process.env.EXPLAIN_BENCH_PROFILE}`,
+          ],
+        }
+      : {}),
     // The bench's sources live behind the client, as a client's traffic does: the kernel's
     // lookup then has an input interface (i0), as it has for real packets.
     prepare: async (topo) => {

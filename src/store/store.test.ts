@@ -108,3 +108,34 @@ describe('Store reads from its snapshot', () => {
     assert.equal(new Store(file).service('svc')?.healthCheck, null);
   });
 });
+
+describe('Store tells its write listeners', () => {
+  it('after each write outside a transaction', () => {
+    const s = open();
+    let told = 0;
+    s.onWrite(() => told++);
+    s.insertPeer(peer('a'));
+    s.updatePeer({ ...peer('a'), name: 'renamed', version: 2 });
+    assert.equal(told, 2);
+    s.close();
+  });
+
+  it('once per transaction, when the outermost ends, seeing only committed writes', () => {
+    // A gossip merge of 1,000 routes is one transaction: told per write, the data plane read
+    // every route 1,000 times, and read writes that might yet roll back.
+    const s = open();
+    const seen: string[][] = [];
+    s.onWrite(() => {
+      assert.equal(s.db.inTransaction, false, 'told inside a transaction');
+      seen.push(s.peers().map((p) => p.id));
+    });
+    s.transaction(() => {
+      for (const id of ['a', 'b', 'c']) s.insertPeer(peer(id));
+      s.transaction(() => s.insertPeer(peer('d')));
+    });
+    assert.deepEqual(seen, [['a', 'b', 'c', 'd']]);
+    s.transaction(() => s.peers());
+    assert.equal(seen.length, 1, 'a transaction that wrote nothing tells nobody');
+    s.close();
+  });
+});

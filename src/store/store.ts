@@ -362,7 +362,8 @@ export class Store {
       if (this.stmts.totalChanges.get() !== changesBefore) {
         this.snapshot = undefined;
         this.writes++;
-        this.notifyWrite();
+        // Once, when the outermost ends: see onWrite().
+        if (outermost) this.notifyWrite();
       }
       if (outermost) for (const f of this.commitQueue.splice(0)) f();
     }
@@ -379,8 +380,11 @@ export class Store {
   }
 
   /**
-   * Called after every write (for writes inside a transaction, also after it ends): gossip
-   * pushes what changed. Listeners must not write synchronously.
+   * Called after every write outside a transaction, and once after a transaction that wrote
+   * ends: gossip pushes what changed, the data plane reads its view. Not per write inside one:
+   * a merge of 1,000 gossiped routes then had the data plane read every route 1,000 times (10 s
+   * of an exit's event loop), and a listener would have seen writes not yet committed. Listeners
+   * must not write synchronously.
    */
   onWrite(listener: () => void): void {
     this.writeListeners.push(listener);
@@ -440,7 +444,8 @@ export class Store {
       this.snapshot = undefined;
       this.writes++;
       // API credentials are local to the agent (docs/decisions.md §5): nothing for gossip to do.
-      if (replicated) this.notifyWrite();
+      // Inside a transaction, transaction() tells when it ends.
+      if (replicated && !this.db.inTransaction) this.notifyWrite();
     }
   }
 

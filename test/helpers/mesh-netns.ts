@@ -62,6 +62,8 @@ export async function meshNetnsUp(
     prepare?: (topo: Topology) => Promise<void>;
     /** More `serve` flags for every agent. */
     agentArgs?: string[];
+    /** Node's own flags for each agent (a bench's --cpu-prof, say). */
+    agentNodeArgs?: string[];
   } = {},
 ): Promise<MeshNetns> {
   // One traffic suite at a time: their throughput figures must not share the cores (exclusive.ts).
@@ -105,6 +107,7 @@ export async function meshNetnsUp(
         listen: `0.0.0.0:${PORT}`,
         apiHost: topo.mgmt[role],
         readOnlySysctls: opts.readOnlySysctls?.includes(role) ?? false,
+        nodeArgs: opts.agentNodeArgs,
         extraArgs: [
           '--advertise',
           `${advertise}:${PORT}`,
