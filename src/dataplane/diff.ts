@@ -14,7 +14,22 @@
 import { canonicalAddress, canonicalLink, canonicalRoute, canonicalRule } from './kernel/canonical.js';
 import type { AddressSpec, KernelChange, KernelState, LinkSpec, RouteSpec, RuleSpec } from './kernel/port.js';
 
+/**
+ * Keys of rules already seen: the wanted state's rules are the same objects from one reconcile
+ * (and one explain) to the next. Rules are never changed once made.
+ */
+const ruleKeys = new WeakMap<RuleSpec, string>();
+
 export function ruleKey(r: RuleSpec): string {
+  let key = ruleKeys.get(r);
+  if (key === undefined) {
+    key = canonicalRuleKey(r);
+    ruleKeys.set(r, key);
+  }
+  return key;
+}
+
+function canonicalRuleKey(r: RuleSpec): string {
   const c = canonicalRule(r);
   return JSON.stringify([
     c.family,
