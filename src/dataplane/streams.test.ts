@@ -10,6 +10,7 @@ import { type Allocated, allocatedDuring } from '../../test/helpers/allocation.j
 import { encodeData } from '../../test/helpers/frame-builders.js';
 import { MemoryNetwork, type MemoryTransport, memoryPublicKey } from '../transports/memory.js';
 import { StaticPeerDirectory } from '../transports/static-directory.js';
+import { FairShaper } from './shaper.js';
 import {
   encodeFin,
   encodeOpen,
@@ -987,6 +988,48 @@ describe('StreamMux over the memory transport with loopback sockets', { timeout:
       assert.equal(largest, quantum, `the largest request: ${largest} B`);
     });
   }
+
+  it('a running stream follows its limit when it changes, down and up', async (t) => {
+    // The service's shaper is the stream's pacer, asked again for every quantum: a limit changed
+    // through the API (FairShaper.setRate, in reconcile) applies to streams already open.
+    const shaper = new FairShaper({ mbps: 8, burstMs: 50 });
+    let received = 0;
+    const h = await setup({
+      destination: (socket) => socket.on('data', (c: Buffer) => (received += c.length)),
+      mux: {
+        limiter: (serviceId, direction) => (serviceId === SERVICE && direction === 'up' ? shaper : null),
+      },
+    });
+    const client = await h.client(h.a);
+    const chunk = Buffer.alloc(64 * 1024);
+    let writing = true;
+    const write = (): void => {
+      while (writing && client.write(chunk));
+    };
+    client.on('drain', write);
+    write();
+    /** Mbit/s delivered to the destination over `ms`, after a settling pause. */
+    const rate = async (ms: number): Promise<number> => {
+      await new Promise((r) => setTimeout(r, 300));
+      const from = received;
+      const t = performance.now();
+      await new Promise((r) => setTimeout(r, ms));
+      return ((received - from) * 8) / 1e6 / ((performance.now() - t) / 1000);
+    };
+    const measured: string[] = [];
+    for (const mbps of [8, 2, 16]) {
+      shaper.setRate(mbps);
+      const got = await rate(1500);
+      measured.push(`${mbps}: ${got.toFixed(2)}`);
+      // Over the limit is the shaper's fault whatever the load; well under it, a changed limit
+      // the stream did not follow (a starved machine still moves 16 Mbit/s over loopback).
+      assert.ok(got <= mbps * 1.15, `over the limit: Mbit/s ${measured.join(', ')}`);
+      assert.ok(got >= mbps * 0.6, `under the limit: Mbit/s ${measured.join(', ')}`);
+    }
+    t.diagnostic(`limit: delivered Mbit/s ${measured.join(', ')}`);
+    writing = false;
+    client.destroy();
+  });
 
   it('closeService resets its streams on both sides and leaves others alone; close() resets the rest', async () => {
     const h = await setup({ destination: echo });
