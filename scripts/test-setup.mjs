@@ -20,6 +20,7 @@ const DEBIAN_PACKAGES = {
   nftables: 'the data plane’s own table',
   tcpdump: 'underlay captures',
   curl: 'a client through the mesh',
+  iperf3: 'two iperf3 runs back to back through a limited service',
   'iputils-ping': 'ICMP through the mesh',
   procps: 'sysctl -a in the transparent-mode tests',
   'util-linux': 'unshare in the transparent-mode tests',

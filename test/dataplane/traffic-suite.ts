@@ -25,8 +25,11 @@ import {
   waitUp,
 } from '../helpers/mesh-netns.js';
 import { MARKER, streamSha256 } from '../helpers/netns-apps.js';
-import { IP, type Topology } from '../helpers/netns-topology.js';
+import { IP, spawnIn, type Topology } from '../helpers/netns-topology.js';
 import type { Node } from '../helpers/nodes.js';
+
+/** iperf3's port on the destination (its control and data connections both cross the service). */
+const IPERF = 5201;
 
 /** The suite for services of one transport_type, in namespaces `prefix`-*, management subnet `index`. */
 export function trafficSuite(transport: 'tcp' | 'kcp', prefix: string, index: number): void {
@@ -426,6 +429,34 @@ export function trafficSuite(transport: 'tcp' | 'kcp', prefix: string, index: nu
         queued <= 2.5e6,
         `${(queued / 1e6).toFixed(2)} MB still queued when the client closed (${flood.answeredMs.toFixed(0)} ms at 10 Mbit/s); at most 2 s of the limit`,
       );
+      // Two iperf3 runs one right after the other against one server: the second is refused
+      // ("the server is busy running a test") while the first's data still drains toward it.
+      const iperf = spawnIn(topo.ns.dest, 'iperf3', ['-s', '-p', String(IPERF)]);
+      try {
+        await until(
+          'iperf3 listening',
+          async () =>
+            assert.match(await topo.run(topo.ns.dest, 'ss', ['-Htln', `sport = :${IPERF}`]), /LISTEN/),
+          10_000,
+        );
+        for (const run of [1, 2]) {
+          const out = await topo
+            .run(topo.ns.client, 'iperf3', ['-c', IP.dest, '-p', String(IPERF), '-t', '2', '-J'], 30_000)
+            .catch((err: Error) => err.message);
+          // -J: its verdict is JSON on stdout, a refusal too (then it exits 1).
+          if (!out.includes('{')) throw new Error(`iperf3 run ${run} gave no report: ${out}`);
+          const report = JSON.parse(out.slice(out.indexOf('{'))) as {
+            error?: string;
+            end?: { sum_received?: { bits_per_second: number } };
+          };
+          assert.equal(report.error, undefined, `iperf3 run ${run} of 2 back to back: ${report.error}`);
+          measured.push(
+            `iperf3 run ${run}: ${((report.end?.sum_received?.bits_per_second ?? 0) / 1e6).toFixed(2)} Mbit/s`,
+          );
+        }
+      } finally {
+        iperf.kill();
+      }
       await measure('down', 10, 1, 4, 0.15);
       await measure('up', 10, 1, 4, 0.15);
       await measure('down', 10, 4, 5, 0.3);
