@@ -1,0 +1,209 @@
+/**
+ * bench/dataplane/shaping-latency: what a bulk flow adds to the latency of pings and small HTTP
+ * requests beside it, through a mesh service limited to R Mbit/s, against the same load through a
+ * plain R Mbit/s bottleneck (the kernel's `tbf`, the reference a user compares a shaped link with;
+ * this kernel has no fq_codel or cake). Root: network namespaces.
+ *
+ * Mesh: the data-plane tests' namespaces (test/helpers/mesh-netns.ts), one service ingress -> exit
+ * with its route to the destination's subnet and `bandwidth_limit_mbps` R. Reference: two more
+ * namespaces joined by a veth pair, `tbf rate R burst max(4 ms of R, 3 KB) latency 50ms` on both
+ * egresses, the same server app on the far side. For each path, rate and direction: 30 pings and
+ * 20 requests idle, then the same beside a bulk transfer (curl, up or down, three times the rate
+ * asked) that saturates the limit; p50 and p99 of each, and what the load added (loaded minus idle,
+ * p50 against p50 and p99 against p99). The ratio mesh over tbf of the loaded p99 is the figure.
+ *
+ *   node dist/bench/dataplane/shaping-latency.js [--rates 10,100,1000] [--transport tcp|kcp]
+ */
+import { execFile } from 'node:child_process';
+import { parseArgs, promisify } from 'node:util';
+import { APPS, createService, HTTP, meshNetnsUp, UDP, until, waitUp } from '../../test/helpers/mesh-netns.js';
+import { IP, spawnIn, type Topology } from '../../test/helpers/netns-topology.js';
+
+const { values } = parseArgs({
+  options: {
+    rates: { type: 'string', default: '10,100,1000' },
+    transport: { type: 'string', default: 'tcp' },
+  },
+});
+const RATES = values.rates.split(',').map(Number);
+const TRANSPORT = values.transport;
+if (RATES.some((r) => !Number.isFinite(r) || r <= 0))
+  throw new Error('--rates: positive Mbit/s, comma separated');
+if (TRANSPORT !== 'tcp' && TRANSPORT !== 'kcp') throw new Error('--transport: tcp or kcp');
+if (process.getuid?.() !== 0) throw new Error('shaping-latency needs root (network namespaces)');
+
+const exec = promisify(execFile);
+/** Runs a command in a namespace (the topology's runner, set once the mesh is up). */
+let run: Topology['run'];
+
+const REF = { a: 'mbsl-ra', b: 'mbsl-rb', ipA: '10.92.0.1', ipB: '10.92.0.2' };
+const p50 = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] ?? Number.NaN;
+const p99 = (xs: number[]) =>
+  [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(xs.length * 0.99))] ?? Number.NaN;
+
+interface Sample {
+  pings: number[];
+  requests: number[];
+}
+
+/** Pings and small requests (each its own connection) from `ns` to `host`, at once. */
+async function sample(ns: string, host: string): Promise<Sample> {
+  const [pingOut, curlOut] = await Promise.all([
+    run(ns, 'ping', ['-c', '30', '-i', '0.2', '-W', '2', host], 20_000).catch((e: Error) => e.message),
+    run(
+      ns,
+      'sh',
+      [
+        '-c',
+        `for i in $(seq 1 20); do curl -sS -o /dev/null --max-time 5 -w '%{time_total}\\n' http://${host}:${HTTP}/bytes?n=1000 || echo 5; sleep 0.2; done`,
+      ],
+      120_000,
+    ),
+  ]);
+  return {
+    pings: [...pingOut.matchAll(/time=([\d.]+) ms/g)].map((m) => Number(m[1])),
+    requests: curlOut
+      .trim()
+      .split('\n')
+      .map((l) => Number(l) * 1000),
+  };
+}
+
+/** A bulk transfer at three times `mbps` for `seconds`, up or down, in the background. */
+function bulk(ns: string, host: string, mbps: number, direction: 'up' | 'down', seconds: number) {
+  const bytes = Math.round(((3 * mbps * 1e6) / 8) * seconds);
+  const cmd =
+    direction === 'down'
+      ? `curl -sS -o /dev/null --max-time ${seconds} http://${host}:${HTTP}/bytes?n=${bytes}`
+      : `head -c ${bytes} /dev/zero | curl -sS -o /dev/null --max-time ${seconds} -T - http://${host}:${HTTP}/sink`;
+  // curl exits 28 when --max-time ends it, as meant.
+  return run(ns, 'sh', ['-c', `${cmd}; true`], (seconds + 10) * 1000);
+}
+
+interface Row {
+  path: string;
+  mbps: number;
+  direction: 'up' | 'down';
+  idle: Sample;
+  loaded: Sample;
+}
+
+async function measure(path: string, ns: string, host: string, mbps: number, rows: Row[]): Promise<void> {
+  for (const direction of ['up', 'down'] as const) {
+    const idle = await sample(ns, host);
+    const running = bulk(ns, host, mbps, direction, 12);
+    await new Promise((r) => setTimeout(r, 1500));
+    const loaded = await sample(ns, host);
+    await running;
+    rows.push({ path, mbps, direction, idle, loaded });
+    const show = (xs: number[]) => `${p50(xs).toFixed(1)}/${p99(xs).toFixed(1)}`;
+    console.log(
+      `  ${path} ${mbps} Mbit/s ${direction}: ping p50/p99 idle ${show(idle.pings)} loaded ${show(loaded.pings)} ms (${30 - loaded.pings.length} lost); HTTP idle ${show(idle.requests)} loaded ${show(loaded.requests)} ms`,
+    );
+  }
+}
+
+async function referenceUp(): Promise<() => Promise<void>> {
+  const sh = (args: string[]) => exec('ip', args, { timeout: 10_000 });
+  for (const ns of [REF.a, REF.b]) await sh(['netns', 'add', ns]).catch(() => undefined);
+  await sh(['link', 'add', 'mbsl-va', 'netns', REF.a, 'type', 'veth', 'peer', 'mbsl-vb', 'netns', REF.b]);
+  for (const [ns, dev, ip] of [
+    [REF.a, 'mbsl-va', REF.ipA],
+    [REF.b, 'mbsl-vb', REF.ipB],
+  ] as const) {
+    await run(ns, 'ip', ['addr', 'add', `${ip}/24`, 'dev', dev], 10_000);
+    await run(ns, 'ip', ['link', 'set', dev, 'up'], 10_000);
+    await run(ns, 'ip', ['link', 'set', 'lo', 'up'], 10_000);
+  }
+  const server = spawnIn(REF.b, process.execPath, [APPS, 'serve', String(HTTP), String(UDP)]);
+  await until(
+    'the reference server',
+    async () => {
+      await run(REF.a, 'curl', ['-sS', '--max-time', '1', `http://${REF.ipB}:${HTTP}/`], 5_000);
+    },
+    10_000,
+  );
+  return async () => {
+    server.kill();
+    for (const ns of [REF.a, REF.b]) await sh(['netns', 'del', ns]).catch(() => undefined);
+  };
+}
+
+async function tbf(mbps: number): Promise<void> {
+  const burst = Math.max(3000, Math.round((mbps * 1e6) / 8 / 250));
+  for (const [ns, dev] of [
+    [REF.a, 'mbsl-va'],
+    [REF.b, 'mbsl-vb'],
+  ] as const) {
+    await run(
+      ns,
+      'tc',
+      [
+        'qdisc',
+        'replace',
+        'dev',
+        dev,
+        'root',
+        'tbf',
+        'rate',
+        `${mbps}mbit`,
+        'burst',
+        String(burst),
+        'latency',
+        '50ms',
+      ],
+      10_000,
+    );
+  }
+}
+
+async function main(): Promise<void> {
+  const rows: Row[] = [];
+  const mesh = await meshNetnsUp('mbsl', 75);
+  let referenceDown: (() => Promise<void>) | undefined;
+  try {
+    const { ingress, exit, topo } = mesh;
+    run = topo.run;
+    const id = await createService(ingress, { target_peer_id: exit.peerId, transport_type: TRANSPORT }, [
+      { priority: 100, dest_cidr: '10.91.2.0/24' },
+    ]);
+    await waitUp(id, ingress, exit);
+    referenceDown = await referenceUp();
+    for (const mbps of RATES) {
+      const res = await ingress.agent.client.put(`/v1/services/${id}`, {
+        token: ingress.token,
+        json: { bandwidth_limit_mbps: mbps },
+      });
+      if (res.status !== 200) throw new Error(`limit: ${res.status} ${res.text}`);
+      await ingress.agent.client.post('/v1/cluster/sync', { token: ingress.token });
+      await exit.agent.client.post('/v1/cluster/sync', { token: exit.token });
+      await measure(`mesh-${TRANSPORT}`, topo.ns.client, IP.dest, mbps, rows);
+      await tbf(mbps);
+      await measure('tbf', REF.a, REF.ipB, mbps, rows);
+    }
+  } finally {
+    await referenceDown?.();
+    await mesh.down();
+  }
+  console.log(
+    `\nAdded by the load, ms (loaded minus idle: p50 | p99), and mesh over tbf of the loaded p99, ${TRANSPORT}:`,
+  );
+  console.log(
+    '| Mbit/s | direction | path | ping added p50 / p99 | HTTP added p50 / p99 | loaded p99 ping / HTTP, mesh ÷ tbf |',
+  );
+  console.log('|---|---|---|---|---|---|');
+  for (const r of rows) {
+    const ref = rows.find((x) => x.path === 'tbf' && x.mbps === r.mbps && x.direction === r.direction)!;
+    const added = (k: keyof Sample) =>
+      `${(p50(r.loaded[k]) - p50(r.idle[k])).toFixed(1)} / ${(p99(r.loaded[k]) - p99(r.idle[k])).toFixed(1)}`;
+    const ratio =
+      r.path === 'tbf'
+        ? ''
+        : `${(p99(r.loaded.pings) / p99(ref.loaded.pings)).toFixed(2)} / ${(p99(r.loaded.requests) / p99(ref.loaded.requests)).toFixed(2)}`;
+    console.log(
+      `| ${r.mbps} | ${r.direction} | ${r.path} | ${added('pings')} | ${added('requests')} | ${ratio} |`,
+    );
+  }
+}
+
+await main();
