@@ -39,7 +39,7 @@ import { Allocator } from './cluster/allocator.js';
 import { ClusterCredential } from './cluster/cluster-credential.js';
 import { DEFAULT_GOSSIP_CONFIG, Gossip } from './cluster/gossip.js';
 import { GossipMetrics } from './cluster/gossip-metrics.js';
-import { HttpGossipTransport } from './cluster/gossip-transport.js';
+import { gossipSourceAddress, HttpGossipTransport } from './cluster/gossip-transport.js';
 import { HybridClock } from './cluster/hlc.js';
 import { Identity } from './cluster/identity.js';
 import { HttpPeerCaller } from './cluster/peer-client.js';
@@ -233,7 +233,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       replica,
       credential: clusterCredential,
       allocator,
-      transport: new HttpGossipTransport(scheme),
+      transport: new HttpGossipTransport(scheme, gossipSourceAddress(config.listenHost, config.advertise)),
       clock,
       logger: logger.child({ component: 'gossip' }),
       metrics: new GossipMetrics(metrics.registry),

@@ -79,7 +79,7 @@ export async function startMember(
 
 /** `a` adds `b` by the handshake (POST /v1/peers); returns the answer. */
 export function addPeer(a: Member, b: Member): Promise<ApiResponse> {
-  return a.agent.client.post('/v1/peers', { token: a.token, json: { address: `127.0.0.1:${b.agent.port}` } });
+  return a.agent.client.post('/v1/peers', { token: a.token, json: { address: b.agent.address } });
 }
 
 /**
