@@ -1,6 +1,7 @@
 /**
  * Clusters of real agents for the replication tests: start n agents with a short gossip interval
- * and the test hooks, bootstrap them under one license, join them, and compare what each one
+ * (on request on loopback addresses of their own and on movable clocks), bootstrap them under one
+ * license, join them, and compare what each one
  * serves. Agents' answers are compared without the liveness fields (`reachable`, `last_seen_at`)
  * and `is_local`: those are each agent's own observation, not replicated state.
  */
@@ -11,7 +12,7 @@ import type { Vendor } from './licenses.js';
 import { bootstrapNode, join, type Node } from './nodes.js';
 
 export const GOSSIP_INTERVAL_MS = 200;
-export const CLUSTER_ARGS = ['--gossip-interval-ms', String(GOSSIP_INTERVAL_MS), '--test-hooks'];
+export const CLUSTER_ARGS = ['--gossip-interval-ms', String(GOSSIP_INTERVAL_MS)];
 
 export type LicenseOverrides = Parameters<Vendor['sign']>[0];
 

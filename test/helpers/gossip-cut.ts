@@ -10,7 +10,7 @@
  * lost, the sender's exchange times out, as on a real partition.
  *
  * The table is deleted by close() (call it in an after hook) and, failing that, when the test
- * process exits.
+ * process exits; one left by a test process killed outright is deleted by the next GossipCut.
  */
 import { execFileSync } from 'node:child_process';
 import type { AgentProcess } from './agent-process.js';
@@ -31,6 +31,23 @@ function hostPort(agent: AgentProcess): { host: string; port: number } {
   return { host, port: agent.port };
 }
 
+/** Deletes the tables of test processes that died without their exit hook (kill -9). */
+function removeOrphans(): void {
+  const listed = execFileSync('nft', ['list', 'tables', 'inet'], { encoding: 'utf8' });
+  for (const [, name, pid] of listed.matchAll(/table inet (mesh_test_gossip_(\d+)_\d+)/g)) {
+    if (!alive(Number(pid))) nft(`delete table inet ${name}\n`);
+  }
+}
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code !== 'ESRCH';
+  }
+}
+
 export class GossipCut {
   readonly table: string;
   private open = true;
@@ -40,6 +57,7 @@ export class GossipCut {
     if (process.getuid?.() !== 0) {
       throw new Error('gossip cuts are nftables rules: this test needs root (as npm test runs)');
     }
+    removeOrphans();
     this.table = `mesh_test_gossip_${process.pid}_${tables++}`;
     nft(
       `table inet ${this.table} {\n  chain output {\n    type filter hook output priority 0; policy accept;\n  }\n}\n`,
@@ -49,12 +67,12 @@ export class GossipCut {
 
   /** Drops every gossip request `from` sends to each of `to` (one direction). */
   drop(from: AgentProcess, to: readonly AgentProcess[]): void {
-    const f = hostPort(from);
-    const rules = to.map((agent) => {
-      const t = hostPort(agent);
-      return `add rule inet ${this.table} output ip saddr ${f.host} ip daddr ${t.host} tcp dport ${t.port} drop\n`;
-    });
-    nft(rules.join(''));
+    nft(this.dropRules(from, to));
+  }
+
+  /** Replaces every cut with `drop(from, to)`, at once (one nft transaction: no gap between). */
+  dropOnly(from: AgentProcess, to: readonly AgentProcess[]): void {
+    nft(`flush chain inet ${this.table} output\n${this.dropRules(from, to)}`);
   }
 
   /** Cuts `agent` off from each of `others`, both directions. */
@@ -72,6 +90,15 @@ export class GossipCut {
   close(): void {
     process.removeListener('exit', this.onExit);
     this.deleteTable();
+  }
+
+  private dropRules(from: AgentProcess, to: readonly AgentProcess[]): string {
+    const f = hostPort(from);
+    const rules = to.map((agent) => {
+      const t = hostPort(agent);
+      return `add rule inet ${this.table} output ip saddr ${f.host} ip daddr ${t.host} tcp dport ${t.port} drop\n`;
+    });
+    return rules.join('');
   }
 
   private deleteTable(): void {
