@@ -55,7 +55,7 @@ import {
 import { registerDataPlaneMetrics } from './dataplane/dataplane-metrics.js';
 import { LinuxKernel } from './dataplane/kernel/linux.js';
 import { missingRequirements } from './dataplane/requirements.js';
-import { type Clock, OffsetClock, systemClock } from './domain/clock.js';
+import { type Clock, systemClock } from './domain/clock.js';
 import { ApiError } from './domain/errors.js';
 import { healthProbe } from './domain/health-check.js';
 import type { RecordObserved } from './domain/observed-event.js';
@@ -100,8 +100,6 @@ export interface AgentConfig {
   tombstoneHorizonMs?: number;
   /** --events-max-age-days, --events-max-count (default DEFAULT_RETENTION). */
   eventRetention?: RetentionLimits;
-  /** `--test-hooks`: a movable clock and the gossip fault switch behind admin-only endpoints. */
-  testHooks?: boolean;
   /** `--dataplane`: auto (on with CAP_NET_ADMIN), on, off. Default off for embedders. */
   dataplane?: 'on' | 'off' | 'auto';
   /** `--macvlan-parent`; default: the interface of the default route. */
@@ -158,8 +156,7 @@ export function createLogger(level: string, destination?: NodeJS.WritableStream)
 }
 
 export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
-  const testClock = config.testHooks ? new OffsetClock() : undefined;
-  const clock = testClock ?? config.clock ?? systemClock;
+  const clock = config.clock ?? systemClock;
   const logger = createLogger(config.logLevel, config.logDestination);
   const dataDir = resolve(config.dataDir);
   mkdirSync(dataDir, { recursive: true, mode: 0o700 });
@@ -334,7 +331,6 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       liveness: (peerId) => engine.liveness(peerId),
       gossip: (envelope) => engine.handle(envelope),
       gossipUnreadable: () => engine.countUnreadable(),
-      testHooks: testClock && { clock: testClock, faults: engine.faults },
       bootstrap: {
         store,
         identity,
@@ -391,7 +387,6 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     started.add('webhooks', () => dispatcher.stop());
     dispatcher.start();
     starting = false;
-    if (testClock) logger.warn('test hooks are on: the clock and gossip faults can be changed over the API');
     const address = app.server.address();
     const port = typeof address === 'object' && address ? address.port : config.listenPort;
     const host = config.listenHost.includes(':') ? `[${config.listenHost}]` : config.listenHost;
