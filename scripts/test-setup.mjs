@@ -28,6 +28,7 @@ const DEBIAN_PACKAGES = {
   chromium: 'the /docs rendering test (driven by playwright-core)',
   'python3-prometheus-client': 'the official parser of /metrics',
   prometheus: 'promtool, the official linter of /metrics',
+  libfaketime: 'moving an agent’s clock in the license, credential, tombstone and webhook tests',
 };
 
 function installed(pkg) {

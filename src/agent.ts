@@ -39,7 +39,7 @@ import { Allocator } from './cluster/allocator.js';
 import { ClusterCredential } from './cluster/cluster-credential.js';
 import { DEFAULT_GOSSIP_CONFIG, Gossip } from './cluster/gossip.js';
 import { GossipMetrics } from './cluster/gossip-metrics.js';
-import { HttpGossipTransport } from './cluster/gossip-transport.js';
+import { gossipSourceAddress, HttpGossipTransport } from './cluster/gossip-transport.js';
 import { HybridClock } from './cluster/hlc.js';
 import { Identity } from './cluster/identity.js';
 import { HttpPeerCaller } from './cluster/peer-client.js';
@@ -55,7 +55,7 @@ import {
 import { registerDataPlaneMetrics } from './dataplane/dataplane-metrics.js';
 import { LinuxKernel } from './dataplane/kernel/linux.js';
 import { missingRequirements } from './dataplane/requirements.js';
-import { type Clock, OffsetClock, systemClock } from './domain/clock.js';
+import { type Clock, systemClock } from './domain/clock.js';
 import { ApiError } from './domain/errors.js';
 import { healthProbe } from './domain/health-check.js';
 import type { RecordObserved } from './domain/observed-event.js';
@@ -100,8 +100,6 @@ export interface AgentConfig {
   tombstoneHorizonMs?: number;
   /** --events-max-age-days, --events-max-count (default DEFAULT_RETENTION). */
   eventRetention?: RetentionLimits;
-  /** `--test-hooks`: a movable clock and the gossip fault switch behind admin-only endpoints. */
-  testHooks?: boolean;
   /** `--dataplane`: auto (on with CAP_NET_ADMIN), on, off. Default off for embedders. */
   dataplane?: 'on' | 'off' | 'auto';
   /** `--macvlan-parent`; default: the interface of the default route. */
@@ -158,8 +156,7 @@ export function createLogger(level: string, destination?: NodeJS.WritableStream)
 }
 
 export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
-  const testClock = config.testHooks ? new OffsetClock() : undefined;
-  const clock = testClock ?? config.clock ?? systemClock;
+  const clock = config.clock ?? systemClock;
   const logger = createLogger(config.logLevel, config.logDestination);
   const dataDir = resolve(config.dataDir);
   mkdirSync(dataDir, { recursive: true, mode: 0o700 });
@@ -233,7 +230,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       replica,
       credential: clusterCredential,
       allocator,
-      transport: new HttpGossipTransport(scheme),
+      transport: new HttpGossipTransport(scheme, gossipSourceAddress(config.listenHost, config.advertise)),
       clock,
       logger: logger.child({ component: 'gossip' }),
       metrics: new GossipMetrics(metrics.registry),
@@ -334,7 +331,6 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       liveness: (peerId) => engine.liveness(peerId),
       gossip: (envelope) => engine.handle(envelope),
       gossipUnreadable: () => engine.countUnreadable(),
-      testHooks: testClock && { clock: testClock, faults: engine.faults },
       bootstrap: {
         store,
         identity,
@@ -391,7 +387,6 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     started.add('webhooks', () => dispatcher.stop());
     dispatcher.start();
     starting = false;
-    if (testClock) logger.warn('test hooks are on: the clock and gossip faults can be changed over the API');
     const address = app.server.address();
     const port = typeof address === 'object' && address ? address.port : config.listenPort;
     const host = config.listenHost.includes(':') ? `[${config.listenHost}]` : config.listenHost;

@@ -70,7 +70,6 @@ export type HostOp =
   | { op: 'meter-start' }
   | { op: 'meter-stop' }
   | { op: 'counters' }
-  | { op: 'loss'; loss: number }
   | { op: 'stop' };
 
 export type HostRequest = { id: number } & HostOp;
@@ -161,7 +160,6 @@ async function startOne(
     logDestination: logStream,
     metricsPublic: true,
     gossipIntervalMs: intervalMs,
-    testHooks: true,
   });
   const boot = (await ok(agent, 'POST', '/v1/bootstrap', { license, name: `agent-${index}` })) as {
     peer_id: string;
@@ -330,18 +328,6 @@ async function serve(req: HostRequest): Promise<unknown> {
           ),
         ),
       );
-    case 'loss':
-      for (const m of members.values()) {
-        const res = await inject(
-          m.agent,
-          'PUT',
-          '/internal/v1/test/faults',
-          { blocked_peer_ids: [], loss: req.loss },
-          { authorization: `Bearer ${m.token}` },
-        );
-        if (res.status !== 200) throw new Error(`faults: ${res.status} ${JSON.stringify(res.body)}`);
-      }
-      return true;
     case 'stop':
       clearInterval(pollTimer);
       await Promise.all([...members.values()].map((m) => m.agent.stop().catch(() => undefined)));

@@ -48,7 +48,6 @@ import { registerOAuthRoutes } from './routes/oauth.js';
 import { registerOperatorRoutes } from './routes/operator.js';
 import { registerPeerRoutes } from './routes/peers.js';
 import { registerServiceRoutes } from './routes/services.js';
-import { registerTestHookRoutes, type TestHooks } from './routes/test-hooks.js';
 import { registerWebhookRoutes } from './routes/webhooks.js';
 import type { PeerLivenessView } from './views.js';
 
@@ -88,8 +87,6 @@ export interface AppDeps {
   gossip: (envelope: unknown) => Promise<{ status: number; body: unknown }>;
   /** Counts a gossip request refused before its envelope could be read, as `malformed`. */
   gossipUnreadable: () => void;
-  /** `--test-hooks`: a movable clock and the gossip fault switch, for tests only. */
-  testHooks?: TestHooks | undefined;
   bootstrap: BootstrapDeps;
   clock: Clock;
   publicUrl: string;
@@ -284,7 +281,6 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   registerDataPlaneRoutes(app, deps);
   registerHandshakeRoutes(app, deps);
   registerGossipRoutes(app, deps);
-  registerTestHookRoutes(app, deps);
   registerOperatorRoutes(app, deps);
   registerWebhookRoutes(app, deps);
   registerEventRoutes(app, deps);

@@ -43,9 +43,6 @@ export const ROUTE_SCOPES: Readonly<Record<string, RouteGuard>> = {
   'POST /internal/v1/handshake/hello': 'peer-signed',
   'POST /internal/v1/handshake/confirm': 'peer-signed',
   'POST /internal/v1/gossip': 'peer-signed',
-  // Registered only with --test-hooks.
-  'POST /internal/v1/test/clock': 'admin',
-  'PUT /internal/v1/test/faults': 'admin',
 
   'GET /v1/services': 'services.read',
   'GET /v1/services/:id': 'services.read',

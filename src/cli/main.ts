@@ -74,7 +74,6 @@ async function serve(argv: string[]): Promise<void> {
       holdDownMs: opts.failoverHoldDownMs,
     },
     eventRetention: { maxAgeMs: opts.eventsMaxAgeDays * 86_400_000, maxCount: opts.eventsMaxCount },
-    testHooks: opts.testHooks,
     dataplane: opts.dataplane,
     macvlanParent: opts.macvlanParent,
     kcp: opts.kcp,

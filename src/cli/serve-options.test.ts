@@ -88,6 +88,10 @@ describe('serve options', () => {
     assert.throws(() => parseServeOptions(['--dataplane', 'maybe'], {}), UsageError);
     assert.throws(() => parseServeOptions(['--public-url', 'ftp://x'], {}), UsageError);
   });
+  it('has no test hooks: --test-hooks is an unknown flag, MESH_TEST_HOOKS changes nothing', () => {
+    assert.throws(() => parseServeOptions(['--test-hooks'], {}), UsageError);
+    assert.deepEqual(parseServeOptions([], { MESH_TEST_HOOKS: '1' }), parseServeOptions([], {}));
+  });
 });
 
 describe('--kcp', () => {
@@ -145,7 +149,6 @@ describe('SERVE_FLAGS, the one table of the serve flags', () => {
     'events-max-age-days': { value: '7' },
     'events-max-count': { value: '5000' },
     kcp: { value: 'mtu=1400' },
-    'test-hooks': {},
   };
   const names = Object.keys(SERVE_FLAGS) as ServeFlagName[];
 

@@ -26,7 +26,6 @@ export interface ServeOptions {
   /** Event log retention (docs/events.md): whichever limit comes first. */
   eventsMaxAgeDays: number;
   eventsMaxCount: number;
-  testHooks: boolean;
   /** --kcp: KCP engine parameters of the kcp transport (docs/kcp.md), checked again by the agent. */
   kcp: KcpTuning;
 }
@@ -116,7 +115,6 @@ export const SERVE_FLAGS = {
     value: 'KEY=N,...',
     note: 'KCP engine: mtu, interval, nodelay, resend, nc, sndwnd,\nrcvwnd, minrto; docs/kcp.md',
   },
-  'test-hooks': { note: 'tests only: movable clock and gossip faults over the API' },
 } as const satisfies Record<string, ServeFlag>;
 
 export type ServeFlagName = keyof typeof SERVE_FLAGS;
@@ -292,7 +290,6 @@ export function parseServeOptions(argv: string[], env: NodeJS.ProcessEnv): Serve
     failoverHoldDownMs,
     eventsMaxAgeDays,
     eventsMaxCount,
-    testHooks: bool('test-hooks'),
     kcp: parseKcpTuning(str('kcp')),
   };
 }

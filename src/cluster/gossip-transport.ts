@@ -30,7 +30,14 @@ export interface GossipTransport {
 export class HttpGossipTransport implements GossipTransport {
   private readonly agent: http.Agent;
 
-  constructor(private readonly scheme: 'http' | 'https') {
+  /**
+   * `localAddress`: the source address of every connection (gossipSourceAddress); none: the
+   * kernel picks one by route.
+   */
+  constructor(
+    private readonly scheme: 'http' | 'https',
+    private readonly localAddress?: string,
+  ) {
     this.agent =
       scheme === 'https'
         ? // Agents authenticate each other by signatures, not by certificates (docs/decisions.md §5).
@@ -47,6 +54,7 @@ export class HttpGossipTransport implements GossipTransport {
         {
           method: 'POST',
           agent: this.agent,
+          ...(this.localAddress ? { localAddress: this.localAddress } : {}),
           headers: { 'content-type': 'application/json', 'content-length': body.length },
           timeout: timeoutMs,
         },
@@ -97,4 +105,17 @@ export class HttpGossipTransport implements GossipTransport {
   close(): void {
     this.agent.destroy();
   }
+}
+
+/**
+ * The address gossip leaves from: the listen address when the agent listens on one address and
+ * tells peers that same address (as memberlist binds to its bind address), so peers see gossip
+ * come from the address they know, and a firewall can allow or cut an agent's gossip by it. None
+ * for a wildcard listen or another advertised address (behind a NAT or a proxy), where the
+ * listen address may not be routable to peers.
+ */
+export function gossipSourceAddress(listenHost: string, advertise: string): string | undefined {
+  if (listenHost === '0.0.0.0' || listenHost === '::') return undefined;
+  const host = advertise.slice(0, advertise.lastIndexOf(':')).replace(/^\[|\]$/g, '');
+  return host === listenHost ? listenHost : undefined;
 }

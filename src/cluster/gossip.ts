@@ -91,12 +91,6 @@ export interface HandledMessage {
   body: unknown;
 }
 
-/** Test hooks only (--test-hooks): cut this agent off from peers, or lose a share of messages. */
-export interface FaultSwitch {
-  blocked: Set<string>;
-  loss: number;
-}
-
 /** How long a peer that does not know digest buckets gets whole digests before we ask again. */
 const BUCKETLESS_RETRY_MS = 10 * 60_000;
 
@@ -139,7 +133,6 @@ export class Gossip {
   private removedLogged = false;
   /** Peers heard from since start: their reachability has been reported once. */
   private readonly heardSinceStart = new Set<string>();
-  readonly faults: FaultSwitch = { blocked: new Set(), loss: 0 };
 
   constructor(private readonly deps: GossipDeps) {
     const { identity, clock, config } = deps;
@@ -651,9 +644,6 @@ export class Gossip {
     timeoutMs: number,
   ): Promise<unknown> {
     const { identity, clock, transport, metrics } = this.deps;
-    if (this.faults.blocked.has(peer.id) || Math.random() < this.faults.loss) {
-      throw new Error('dropped by the fault switch (test hooks)');
-    }
     const { envelope, nonce } = seal(identity, { type, to: peer.id, sent_at: clock.now(), body }, key);
     metrics.messages.labels(type, 'sent').inc();
     metrics.bytes.labels('sent').inc(envelope.payload.length + 200);
@@ -666,7 +656,6 @@ export class Gossip {
     if (reply.status !== 200) {
       throw new GossipRefused(refusalReason(reply.body) ?? `status ${reply.status}`);
     }
-    if (Math.random() < this.faults.loss) throw new Error('reply dropped by the fault switch (test hooks)');
     metrics.bytes.labels('received').inc(JSON.stringify(reply.body).length);
     const opened = this.open(reply.body);
     if (!opened.ok) throw new InvalidReply(opened.reason);
@@ -709,12 +698,6 @@ export class Gossip {
     const opened = this.open(raw);
     if (!opened.ok) return refusal(opened.reason);
     const p = opened.payload;
-    if (this.faults.blocked.has(p.from)) {
-      return {
-        status: 503,
-        body: { error: 'cut off by the fault switch (test hooks)', code: 'UNAVAILABLE' },
-      };
-    }
     this.deps.metrics.messages.labels(p.type, 'received').inc();
     this.deps.metrics.bytes.labels('received').inc((raw as Envelope).payload.length + 200);
     this.fd.heardFrom(p.from);

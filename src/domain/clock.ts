@@ -45,20 +45,3 @@ export class ManualClock implements Clock {
 
 /** ISO 8601 UTC with milliseconds and a `Z` suffix (docs/decisions.md §3). */
 export const isoTime = (ms: number): string => new Date(ms).toISOString();
-
-/**
- * The system clock plus an offset that only grows: `--test-hooks` lets tests move a running
- * agent's time forward (across a 24-hour grace period, say) without waiting.
- */
-export class OffsetClock implements Clock {
-  private offsetMs = 0;
-  now(): number {
-    return Date.now() + this.offsetMs;
-  }
-  advance(ms: number): void {
-    this.offsetMs += ms;
-  }
-  get offset(): number {
-    return this.offsetMs;
-  }
-}

@@ -14,13 +14,11 @@ import type { ApiResponse } from '../helpers/api-client.js';
 import { makeVendor } from '../helpers/licenses.js';
 import { bootstrapNode, type Node } from '../helpers/nodes.js';
 
-/** Routes that are no API client's write: agent-to-agent and test hooks. */
+/** Routes that are no API client's write: agent-to-agent. */
 const NOT_CLIENT_WRITES = new Set([
   'POST /internal/v1/handshake/hello',
   'POST /internal/v1/handshake/confirm',
   'POST /internal/v1/gossip',
-  'POST /internal/v1/test/clock',
-  'PUT /internal/v1/test/faults',
 ]);
 
 /** An event as the API answers it (arbitrary JSON, as ApiResponse['body']). */

@@ -1,6 +1,7 @@
 /**
- * License lifecycle (docs/metrics.md, docs/decisions.md §7): with the test clock moved forward, /readyz stays 200 and adds
- * a warning 30 days before expiry and after it, the license gauges on /metrics follow the clock,
+ * License lifecycle (docs/metrics.md, docs/decisions.md §7): with the agent's clock moved forward
+ * (libfaketime: test/helpers/faketime.ts), /readyz stays 200 and adds a warning 30 days before
+ * expiry and after it, the license gauges on /metrics follow the clock,
  * and an expired license stops nothing: the agent stays live and ready and keeps serving its API,
  * and in a two-agent cluster the peers, the services and replication carry on past expiry.
  */
@@ -39,16 +40,12 @@ describe('license lifecycle', { timeout: 60_000 }, () => {
     return res.text;
   };
   const advance = async (ms: number) => {
-    const res = await agent.client.post('/internal/v1/test/clock', {
-      token,
-      json: { advance_ms: ms },
-    });
-    assert.equal(res.status, 200, res.text);
+    await agent.advanceClock(ms);
     token = await agent.client.token(creds.clientId, creds.clientSecret);
   };
 
   before(async () => {
-    agent = await AgentProcess.start({ vendor, extraArgs: ['--test-hooks'] });
+    agent = await AgentProcess.start({ vendor, movableClock: true });
     expiresAt = Date.now() + 40 * DAY_MS;
     creds = await bootstrap(agent, vendor, { expires_at: new Date(expiresAt).toISOString() });
     token = await agent.client.token(creds.clientId, creds.clientSecret);
@@ -122,7 +119,9 @@ describe('license expiry in a cluster', { timeout: 60_000 }, () => {
     // Expires two minutes from now; the clocks move three minutes, well inside the failure
     // detector's grace, so only the license changes state, not the peers' liveness.
     expiresAt = Date.now() + 120_000;
-    members = await startCluster(vendor, 2, { expires_at: new Date(expiresAt).toISOString() });
+    members = await startCluster(vendor, 2, { expires_at: new Date(expiresAt).toISOString() }, undefined, {
+      movableClock: true,
+    });
   });
   after(async () => {
     await stopAll(members);

@@ -6,7 +6,7 @@
  * that creates, rotates and revokes; a receiver down for 30 s gets every event once it is
  * back, in order; a hanging receiver does not delay another; a kill -9 with undelivered events
  * delivers them after the restart, and one just after deliveries sends again only a tail of
- * them; after the last attempt (24 h, the agent's clock moved by its test hook) the events are
+ * them; after the last attempt (24 h, the agent's clock moved with libfaketime) the events are
  * given up, counted and shown, and delivery moves on.
  *
  * Events are made by creating and deleting throw-away webhooks (`webhook.created`,
@@ -96,8 +96,8 @@ describe('/v1/webhooks', { timeout: 240_000 }, () => {
   const metrics = async () => (await agent.client.get('/metrics', { token })).text;
 
   before(async () => {
-    // --test-hooks: the last test moves the agent's clock past the 24 h of the retries.
-    agent = await AgentProcess.start({ vendor, extraArgs: ['--test-hooks'] });
+    // The last test moves the agent's clock past the 24 h of the retries.
+    agent = await AgentProcess.start({ vendor, movableClock: true });
     admin = await bootstrap(agent, vendor, { license_id: 'lic-webhooks' });
     token = await agent.client.token(admin.clientId, admin.clientSecret);
   });
@@ -408,11 +408,7 @@ describe('/v1/webhooks', { timeout: 240_000 }, () => {
       (await webhook(id)).delivery.failures >= 1 ? true : undefined,
     );
     const givenUpBefore = seriesValue(await metrics(), 'mesh_webhook_deliveries_total{outcome="given_up"}');
-    const moved = await agent.client.post('/internal/v1/test/clock', {
-      token,
-      json: { advance_ms: 25 * 3600_000 },
-    });
-    assert.equal(moved.status, 200, moved.text);
+    await agent.advanceClock(25 * 3600_000);
     token = await agent.client.token(admin.clientId, admin.clientSecret);
     // The retry due 5 s after the first failure is the last: it fails 25 h after the events.
     await eventually(
@@ -430,6 +426,8 @@ describe('/v1/webhooks', { timeout: 240_000 }, () => {
     );
     assert.match(agent.logs, /webhook events given up after their last attempt/);
 
+    // The receiver keeps time with the agent, as an operator's does.
+    r.clockOffsetMs = agent.clock!.offsetMs;
     await r.reopen();
     const expected = await makeEvents(1);
     await eventually(

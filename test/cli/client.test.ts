@@ -69,7 +69,7 @@ describe('mesh-agent client commands', { timeout: 180_000 }, () => {
       MESH_CLIENT_SECRET: '',
       MESH_PROFILE: '',
     };
-    a = await AgentProcess.start({ vendor, extraArgs: ['--test-hooks'] });
+    a = await AgentProcess.start({ vendor, movableClock: true });
     b = await bootstrapNode(await AgentProcess.start({ vendor }), vendor);
   });
 
@@ -643,16 +643,7 @@ describe('mesh-agent client commands', { timeout: 180_000 }, () => {
     assert.ok(refreshed.expires_at_ms > Date.now() + 3_000_000);
 
     // The agent's clock two hours ahead: the cached token looks fresh here but is expired there.
-    const admin = await a.client.token(
-      String((JSON.parse(readFileSync(join(home, 'mesh-agent', 'default.json'), 'utf8')) as Obj).client_id),
-      bootstrapSecret,
-    );
-    secrets.add(admin);
-    const moved = await a.client.post('/internal/v1/test/clock', {
-      token: admin,
-      json: { advance_ms: 2 * 3_600_000 },
-    });
-    assert.equal(moved.status, 200, moved.text);
+    await a.advanceClock(2 * 3_600_000);
     const res = await ok(['peers', 'ls', '--json']);
     assert.equal((JSON.parse(res.stdout) as Obj[]).length, 2);
     const after401 = read();
@@ -682,6 +673,8 @@ describe('mesh-agent client commands', { timeout: 180_000 }, () => {
 
   it('webhooks add (secret once, with a warning)|ls (no secret)|test|rm', async () => {
     const receiver = await WebhookReceiver.open();
+    // Keeping time with the agent, whose clock an earlier test moved.
+    receiver.clockOffsetMs = a.clock!.offsetMs;
     try {
       const res = await runCli(['webhooks', 'add', receiver.url, '--type', 'webhook.'], env);
       assert.equal(res.code, 0, res.stderr);

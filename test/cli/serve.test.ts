@@ -249,6 +249,8 @@ describe('serve start-up errors', () => {
       [['--listen', `127.0.0.1:${port}`, '--tls-cert', '/nonexistent.pem'], /--tls-(cert|key)/],
       [['--listen', `127.0.0.1:${port}`, '--public-url', 'ftp://example.test'], /--public-url/],
       [['--listen', `127.0.0.1:${port}`, '--no-such-flag'], /no-such-flag|unknown/i],
+      // The test hooks left the product (tests move clocks and cut gossip from outside).
+      [['--listen', `127.0.0.1:${port}`, '--test-hooks'], /test-hooks/],
     ];
     const runs = await Promise.all(cases.map(([args]) => runServe([...base, ...args])));
     cases.forEach(([args, message], i) => {

@@ -6,20 +6,13 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
-import {
-  eventually,
-  gossipMessages,
-  type Member,
-  setBlocked,
-  setFaults,
-  startCluster,
-  stopAll,
-} from '../helpers/gossip-forge.js';
+import { GossipCut } from '../helpers/gossip-cut.js';
+import { eventually, gossipMessages, type Member, startCluster, stopAll } from '../helpers/gossip-forge.js';
 import { makeVendor } from '../helpers/licenses.js';
 
 const vendor = makeVendor();
 /** No round during a test: changes move only by push and relay, or by an explicit sync. */
-const QUIET_ARGS = ['--gossip-interval-ms', '60000', '--test-hooks'];
+const QUIET_ARGS = ['--gossip-interval-ms', '60000'];
 
 /** Anti-entropy messages (bucket lists and digests) every member has sent so far. */
 async function antiEntropySent(members: readonly Member[]): Promise<number> {
@@ -47,13 +40,16 @@ describe('dissemination without anti-entropy rounds', { timeout: 90_000 }, () =>
   let b: Member;
   let c: Member;
   let d: Member;
+  let cut: GossipCut;
 
   before(async () => {
+    cut = new GossipCut();
     members = await startCluster(
       vendor,
       4,
       { license_id: 'L-push', max_nodes: 4, max_services: 4 },
       QUIET_ARGS,
+      { ownAddress: true },
     );
     [a, b, c, d] = members as [Member, Member, Member, Member];
     // Let the joins' own anti-entropy exchanges finish before counting: no new one for 2 s (three
@@ -74,14 +70,14 @@ describe('dissemination without anti-entropy rounds', { timeout: 90_000 }, () =>
   });
 
   after(async () => {
+    cut?.close();
     await stopAll(members);
   });
 
   it('a change reaches an agent the writer cannot reach, relayed by those it pushed to', async () => {
     // With 4 agents and a fanout of 3 the writer pushes to every other; its push to D is cut,
     // so D can only have the change from B or C passing it on.
-    await setBlocked(a, [d.peerId]);
-    await setBlocked(d, [a.peerId]);
+    cut.isolate(a.agent, [d.agent]);
     try {
       const before = await antiEntropySent(members);
       const dPushesBefore = await gossipMessages(d, 'push', 'received');
@@ -100,13 +96,13 @@ describe('dissemination without anti-entropy rounds', { timeout: 90_000 }, () =>
       );
       assert.equal(await antiEntropySent(members), before, 'no anti-entropy message was sent meanwhile');
     } finally {
-      await setBlocked(a, []);
-      await setBlocked(d, []);
+      cut.heal();
     }
   });
 
   it('POST /v1/cluster/sync carries a change every push lost, before it answers', async () => {
-    await setFaults(a, [], 1);
+    // Every request A sends is dropped; it still answers what it is sent.
+    cut.drop(a.agent, [b.agent, c.agent, d.agent]);
     try {
       await rename(a, b.peerId, 'synced-name');
       await new Promise((r) => setTimeout(r, 500));
@@ -114,7 +110,7 @@ describe('dissemination without anti-entropy rounds', { timeout: 90_000 }, () =>
         assert.notEqual(await nameOn(m, b.peerId), 'synced-name', `${m.peerId}: every push was dropped`);
       }
     } finally {
-      await setFaults(a, [], 0);
+      cut.heal();
     }
     const synced = await a.agent.client.post('/v1/cluster/sync', { token: a.token });
     assert.equal(synced.status, 200, synced.text);

@@ -1,5 +1,5 @@
 /**
- * Replication under faults with real agents: a partition (gossip cut with the test hooks) with
+ * Replication under faults with real agents: a partition (gossip cut by nftables) with
  * writes on both sides, then healed; an agent killed with SIGKILL while another takes writes;
  * an agent stopped through several writes. Every time the agents must end up serving the same
  * state, and no write that was acknowledged (2xx) may be missing from it.
@@ -19,7 +19,8 @@ import {
   stopAll,
   waitConverged,
 } from '../helpers/cluster.js';
-import { gossipMessages, reachableOn, setFaults } from '../helpers/gossip-forge.js';
+import { GossipCut } from '../helpers/gossip-cut.js';
+import { gossipMessages, reachableOn } from '../helpers/gossip-forge.js';
 import { makeVendor } from '../helpers/licenses.js';
 import type { Node } from '../helpers/nodes.js';
 
@@ -49,9 +50,11 @@ describe('replication under faults', { timeout: 120_000 }, () => {
   let sBC = '';
   let sAC = '';
   let sAB = '';
+  let cut: GossipCut;
 
   before(async () => {
-    nodes = await startCluster(vendor, 3, LICENSE);
+    cut = new GossipCut();
+    nodes = await startCluster(vendor, 3, LICENSE, { ownAddress: true });
     [a, b, c] = nodes as [Node, Node, Node];
     // A was bootstrapped first: it is the oldest peer, so the allocator of new services.
     const init = await post(b, '/v1/cluster/init', {});
@@ -59,6 +62,7 @@ describe('replication under faults', { timeout: 120_000 }, () => {
     assert.equal(init.body.oldest_peer_id, a.peerId);
   });
   after(async () => {
+    cut?.close();
     await stopAll(nodes.map((n) => n.agent));
   });
 
@@ -82,9 +86,7 @@ describe('replication under faults', { timeout: 120_000 }, () => {
     /** Bucket lists answered by all three until the heal (the joins' exchanges used them too). */
     let bucketRepliesBeforeHeal = 0;
     // Cut C off from A and B, in both directions.
-    await setFaults(c, [a.peerId, b.peerId]);
-    await setFaults(a, [c.peerId]);
-    await setFaults(b, [c.peerId]);
+    cut.isolate(c.agent, [a.agent, b.agent]);
     try {
       // A's side: a new service (A is the allocator) and an update of A→C.
       sAB = await createService(a, a, b);
@@ -144,7 +146,7 @@ describe('replication under faults', { timeout: 120_000 }, () => {
       bucketRepliesBeforeHeal = 0;
       for (const n of nodes) bucketRepliesBeforeHeal += await gossipMessages(n, 'buckets-reply', 'sent');
       // Heal, also when a check failed: the later tests need the whole cluster.
-      for (const n of nodes) await setFaults(n, []);
+      cut.heal();
     }
 
     const healed = await waitConverged(nodes, 20_000);

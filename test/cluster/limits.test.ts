@@ -8,12 +8,12 @@ import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { assertError } from '../helpers/api-assertions.js';
 import type { ApiResponse } from '../helpers/api-client.js';
+import { GossipCut } from '../helpers/gossip-cut.js';
 import {
   activePeerIds,
   addPeer,
   eventually,
   type Member,
-  setBlocked,
   startCluster,
   startMember,
   stopAll,
@@ -84,16 +84,21 @@ const MAX_SERVICES = 4;
 
 describe('max_services holds cluster-wide', { timeout: 90_000 }, () => {
   let members: Member[] = [];
+  let cut: GossipCut;
 
   before(async () => {
-    members = await startCluster(vendor, 3, {
-      license_id: 'L-svc',
-      max_nodes: 5,
-      max_services: MAX_SERVICES,
-    });
+    cut = new GossipCut();
+    members = await startCluster(
+      vendor,
+      3,
+      { license_id: 'L-svc', max_nodes: 5, max_services: MAX_SERVICES },
+      undefined,
+      { ownAddress: true },
+    );
   });
 
   after(async () => {
+    cut?.close();
     await stopAll(members);
   });
 
@@ -161,15 +166,13 @@ describe('max_services holds cluster-wide', { timeout: 90_000 }, () => {
     const before = await waitForServices(members, MAX_SERVICES - 1);
     const pair = freePairs()[0]!;
 
-    await setBlocked(b, [allocator.peerId]);
-    await setBlocked(allocator, [b.peerId]);
+    cut.isolate(b.agent, [allocator.agent]);
     try {
       const res = await createService(b, pair);
       assertError(res, 503, 'UNAVAILABLE', 'create on an agent cut off from the allocator');
       assert.deepEqual(await serviceIds(b), before, 'nothing created on B');
     } finally {
-      await setBlocked(b, []);
-      await setBlocked(allocator, []);
+      cut.heal();
     }
     await syncAll(members);
     assert.deepEqual(await waitForServices(members, MAX_SERVICES - 1), before, 'nothing created anywhere');

@@ -83,8 +83,8 @@ describe('merging two clusters (docs/decisions.md §5)', { timeout: 120_000 }, (
 
   before(async () => {
     // X is created first, so its oldest peer is older: X must survive the merge.
-    x = await startCluster(vendor, 2, LICENSE);
-    y = await startCluster(vendor, 3, LICENSE);
+    x = await startCluster(vendor, 2, LICENSE, undefined, { movableClock: true });
+    y = await startCluster(vendor, 3, LICENSE, undefined, { movableClock: true });
     [a, b] = x as [Member, Member];
     [c, d, e] = y as [Member, Member, Member];
     started = [...x, ...y];

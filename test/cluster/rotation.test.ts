@@ -1,11 +1,12 @@
 /**
  * Rotation of the cluster credential across real agents: a new secret is accepted everywhere at
- * once, the previous one for 24 hours and not a minute longer (clocks moved by the test hook),
+ * once, the previous one for 24 hours and not a minute longer (clocks moved with libfaketime),
  * concurrent rotations end with one winner, and an agent that was down through a rotation and
  * past the grace period rejoins by its identity.
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
+import { GossipCut } from '../helpers/gossip-cut.js';
 import {
   advanceClocks,
   assertKeyAccepted,
@@ -17,7 +18,6 @@ import {
   macKeyFromSecret,
   refreshToken,
   rotate,
-  setFaults,
   startCluster,
   stopAll,
   waitForConvergence,
@@ -32,13 +32,22 @@ describe('cluster credential rotation', { timeout: 90_000 }, () => {
   let a: Member;
   let b: Member;
   let c: Member;
+  let cut: GossipCut;
 
   before(async () => {
-    members = await startCluster(vendor, 3, { license_id: 'L-rot', max_nodes: 5, max_services: 5 });
+    cut = new GossipCut();
+    members = await startCluster(
+      vendor,
+      3,
+      { license_id: 'L-rot', max_nodes: 5, max_services: 5 },
+      undefined,
+      { ownAddress: true, movableClock: true },
+    );
     [a, b, c] = members as [Member, Member, Member];
   });
 
   after(async () => {
+    cut?.close();
     await stopAll(members);
   });
 
@@ -112,15 +121,14 @@ describe('cluster credential rotation', { timeout: 90_000 }, () => {
     // A and B hear nobody while they rotate, so on a loaded machine A's push cannot reach B (or
     // reach it through C) before B has handled its own request: the two are concurrent by
     // construction, not by timing. The heal then lets the two rotations meet.
-    await setFaults(a, [b.peerId, c.peerId]);
-    await setFaults(b, [a.peerId, c.peerId]);
+    cut.isolate(a.agent, [b.agent, c.agent]);
+    cut.isolate(b.agent, [c.agent]);
     let ra: Awaited<ReturnType<typeof rotate>>;
     let rb: Awaited<ReturnType<typeof rotate>>;
     try {
       [ra, rb] = await Promise.all([rotate(a), rotate(b)]);
     } finally {
-      await setFaults(a, []);
-      await setFaults(b, []);
+      cut.heal();
     }
     assert.equal(ra.version, v + 1);
     assert.equal(rb.version, v + 1, 'both rotated from the same version: the rotations were concurrent');
@@ -154,12 +162,10 @@ describe('cluster credential rotation', { timeout: 90_000 }, () => {
     await advanceClocks([a, b], 25 * HOUR);
 
     await c.agent.restart();
-    // C's clock restarts without the hook's offset: bring it level with A's and B's.
-    const lag = a.offsetMs;
-    c.offsetMs = 0;
+    // C's clock kept its offset through the restart: 25 h behind A's and B's. Bring it level.
     await refreshToken(c);
-    await advanceClocks([c], lag);
-    assert.equal(c.offsetMs, a.offsetMs);
+    await advanceClocks([c], a.agent.clock!.offsetMs - c.agent.clock!.offsetMs);
+    assert.equal(c.agent.clock!.offsetMs, a.agent.clock!.offsetMs);
 
     await eventually(
       'C shows the new credential version',

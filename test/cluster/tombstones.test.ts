@@ -5,20 +5,19 @@
  * digest root since. With nobody cut off that happens within a few rounds past the horizon (the
  * control); with an agent cut off through the horizon the others keep the tombstone, so that when
  * the agent comes back still holding the deleted service, the deletion wins over it instead of
- * the service coming back everywhere. Clocks are moved with the test hook, partitions made with
- * the fault switch; the tombstones table is read from each agent's SQLite file.
+ * the service coming back everywhere. Clocks are moved with libfaketime (faketime.ts), partitions
+ * made with nftables (gossip-cut.ts); the tombstones table is read from each agent's SQLite file.
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { DEFAULT_TOMBSTONE_HORIZON_MS } from '../../src/cluster/replica.js';
 import { dumpDatabase } from '../helpers/db-dump.js';
+import { GossipCut } from '../helpers/gossip-cut.js';
 import {
   advanceClocks,
   eventually,
   gossipMessages,
   type Member,
-  setBlocked,
-  setFaults,
   startCluster,
   stopAll,
   waitForConvergence,
@@ -95,13 +94,22 @@ describe('tombstone collection', { timeout: 120_000 }, () => {
   let a: Member;
   let b: Member;
   let c: Member;
+  let cut: GossipCut;
 
   before(async () => {
-    members = await startCluster(vendor, 3, { license_id: 'L-tomb', max_nodes: 5, max_services: 10 });
+    cut = new GossipCut();
+    members = await startCluster(
+      vendor,
+      3,
+      { license_id: 'L-tomb', max_nodes: 5, max_services: 10 },
+      undefined,
+      { ownAddress: true, movableClock: true },
+    );
     [a, b, c] = members as [Member, Member, Member];
   });
 
   after(async () => {
+    cut?.close();
     await stopAll(members);
   });
 
@@ -146,9 +154,7 @@ describe('tombstone collection', { timeout: 120_000 }, () => {
     const key = `service/${s.id}`;
 
     // Cut C off from A and B, in both directions.
-    await setBlocked(c, [a.peerId, b.peerId]);
-    await setBlocked(a, [c.peerId]);
-    await setBlocked(b, [c.peerId]);
+    cut.isolate(c.agent, [a.agent, b.agent]);
     let healed = false;
     try {
       const del = await a.agent.client.delete(`/v1/services/${s.id}`, { token: a.token });
@@ -162,7 +168,7 @@ describe('tombstone collection', { timeout: 120_000 }, () => {
       await advanceClocks(members, PAST_HORIZON_MS);
       // Several rounds past the horizon: A and B probe each other (with equal roots: neither
       // holds the service, and the tombstone has left both digests). Probes to or from C are
-      // refused by the fault switch and never counted as received.
+      // dropped and never counted as received.
       await waitForProbes([a, b], await Promise.all([a, b].map(pingsReceived)), 8);
       for (const m of [a, b]) {
         assert.ok(
@@ -173,9 +179,7 @@ describe('tombstone collection', { timeout: 120_000 }, () => {
       }
       assert.ok(storedRouteIds(c).includes(s.routeId), 'C still holds the route');
 
-      await setBlocked(a, []);
-      await setBlocked(b, []);
-      await setBlocked(c, []);
+      cut.heal();
       healed = true;
 
       // Until C has dropped the service, neither A nor B may have dropped the tombstone. Each
@@ -222,17 +226,13 @@ describe('tombstone collection', { timeout: 120_000 }, () => {
       await waitForProbes(members, await Promise.all(members.map(pingsReceived)), 4);
       for (const m of members) assert.equal(await serviceStatus(m, s.id), 404, `${m.peerId}: still deleted`);
     } finally {
-      if (!healed) {
-        for (const m of members) await setBlocked(m, []).catch(() => undefined);
-      }
+      if (!healed) cut.heal();
     }
   });
 
   it('an agent back from the horizon that starts no exchange itself is corrected by those that probe it', async () => {
     const s = await serviceWithRoute(members, a, b);
-    await setBlocked(c, [a.peerId, b.peerId]);
-    await setBlocked(a, [c.peerId]);
-    await setBlocked(b, [c.peerId]);
+    cut.isolate(c.agent, [a.agent, b.agent]);
     try {
       const del = await a.agent.client.delete(`/v1/services/${s.id}`, { token: a.token });
       assert.equal(del.status, 200, del.text);
@@ -242,9 +242,7 @@ describe('tombstone collection', { timeout: 120_000 }, () => {
       await advanceClocks(members, PAST_HORIZON_MS);
       // C answers whatever it is sent but every request of its own is dropped: only A's and B's
       // exchanges can reach it, and their digests no longer list the deletion.
-      await setFaults(c, [], 1);
-      await setBlocked(a, []);
-      await setBlocked(b, []);
+      cut.dropOnly(c.agent, [a.agent, b.agent]);
       await eventually(
         'C drops the service deleted while it was away',
         async () => ((await serviceStatus(c, s.id)) === 404 ? true : undefined),
@@ -252,7 +250,7 @@ describe('tombstone collection', { timeout: 120_000 }, () => {
       );
       assert.ok(!storedRouteIds(c).includes(s.routeId), 'and its route');
     } finally {
-      for (const m of members) await setFaults(m, [], 0).catch(() => undefined);
+      cut.heal();
     }
     const view = (await waitForConvergence(members, 20_000)) as { services: { id: string }[] };
     assert.ok(!view.services.some((x) => x.id === s.id), 'the deletion won everywhere');

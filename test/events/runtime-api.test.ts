@@ -3,7 +3,7 @@
  * refused authentications aggregated into one `auth.failures` event per window (50 bad token
  * requests: one event, count 50, never the secret tried); a write refused by a license limit
  * records `license.limit_refused` and no config event; `license.expiring` at 30, 7 and 1 days
- * and `license.expired`, each once, across a restart too. Time is moved with the test hooks.
+ * and `license.expired`, each once, across a restart too. Time is moved with libfaketime.
  */
 import assert from 'node:assert/strict';
 import { after, describe, it } from 'node:test';
@@ -21,13 +21,8 @@ const DAY = 86_400_000;
 const clientOf = (token: string): string =>
   (JSON.parse(Buffer.from(token.split('.')[1]!, 'base64url').toString()) as { sub: string }).sub;
 
-const advance = async (n: Node, ms: number) => {
-  const res = await n.agent.client.post('/internal/v1/test/clock', {
-    token: n.token,
-    json: { advance_ms: ms },
-  });
-  assert.equal(res.status, 200, res.text);
-};
+/** Moves the agent's clock (libfaketime: test/helpers/faketime.ts). */
+const advance = (n: Node, ms: number) => n.agent.advanceClock(ms);
 
 describe('runtime events caused by API requests', { timeout: 120_000 }, () => {
   const agents: AgentProcess[] = [];
@@ -36,7 +31,7 @@ describe('runtime events caused by API requests', { timeout: 120_000 }, () => {
   });
 
   it('50 refused token requests and 3 refused bearer tokens: one auth.failures event', async () => {
-    const node = await startNode(vendor, { license_id: 'L-auth' });
+    const node = await startNode(vendor, { license_id: 'L-auth' }, { movableClock: true });
     agents.push(node.agent);
     const credential = await node.agent.client.post('/v1/credentials', {
       token: node.token,
@@ -129,7 +124,7 @@ describe('runtime events caused by API requests', { timeout: 120_000 }, () => {
   });
 
   it('license.expiring at 30, 7 and 1 days and license.expired: each once, across a restart', async () => {
-    const agent = await AgentProcess.start({ vendor, extraArgs: CLUSTER_ARGS });
+    const agent = await AgentProcess.start({ vendor, extraArgs: CLUSTER_ARGS, movableClock: true });
     agents.push(agent);
     const creds = await bootstrap(agent, vendor, {
       license_id: 'L-expiry',

@@ -9,6 +9,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ApiClient } from './api-client.js';
+import { MovableClock } from './faketime.js';
 import type { Vendor } from './licenses.js';
 import { freePort } from './ports.js';
 
@@ -43,6 +44,20 @@ export interface StartOptions {
   nodeArgs?: string[];
   /** The agent's script (default: this build's dist/src/cli/main.js), e.g. another build's for an A/B bench. */
   mainJs?: string;
+  /**
+   * Listen on a loopback address of its own (127.X.Y.Z, never 127.0.0.x): the agent then sends
+   * its gossip from that address (gossipSourceAddress), so a packet filter can cut its gossip
+   * while the test, whose requests come from 127.0.0.1, still reaches it (gossip-cut.ts).
+   */
+  ownAddress?: boolean;
+  /** Run on a clock the test moves forward (`agent.clock`, libfaketime: faketime.ts). */
+  movableClock?: boolean;
+}
+
+/** A random loopback address outside 127.0.0.0/24, where the tests' own requests come from. */
+function ownLoopbackAddress(): string {
+  const byte = () => 1 + Math.floor(Math.random() * 254);
+  return `127.${byte()}.${byte()}.${byte()}`;
 }
 
 export class AgentProcess {
@@ -52,6 +67,8 @@ export class AgentProcess {
   exitSignal: NodeJS.Signals | null = null;
   private exited!: Promise<void>;
   readonly client: ApiClient;
+  /** With `movableClock`: the agent's clock. */
+  clock?: MovableClock;
 
   private constructor(
     readonly port: number,
@@ -71,10 +88,23 @@ export class AgentProcess {
     return `http://${this.apiHost}:${this.port}`;
   }
 
+  /** host:port where the test and other agents reach this one. */
+  get address(): string {
+    return `${this.apiHost}:${this.port}`;
+  }
+
+  /** With `movableClock`: moves the agent's clock forward and waits until it answers on it. */
+  async advanceClock(ms: number): Promise<void> {
+    if (!this.clock) throw new Error('the agent was started without movableClock');
+    await this.clock.advance(ms, this.client);
+  }
+
   static async start(opts: StartOptions = {}): Promise<AgentProcess> {
-    const port = opts.port ?? (await freePort());
+    const own = opts.ownAddress ? ownLoopbackAddress() : undefined;
+    const port = opts.port ?? (await freePort(own));
     const dataDir = opts.dataDir ?? mkdtempSync(join(tmpdir(), 'mesh-agent-test-'));
-    const listen = opts.listen ?? `127.0.0.1:${port}`;
+    const listen = opts.listen ?? `${own ?? '127.0.0.1'}:${port}`;
+    const clock = opts.movableClock ? new MovableClock() : undefined;
     const args = ['serve', '--listen', listen, '--data-dir', dataDir, '--log-level', 'info'];
     if (opts.vendor) args.push('--license-public-key', opts.vendor.publicKeyFile);
     args.push(...(opts.extraArgs ?? []));
@@ -85,13 +115,14 @@ export class AgentProcess {
       port,
       dataDir,
       args,
-      opts.env ?? {},
+      { ...opts.env, ...clock?.env },
       opts.netns,
-      opts.apiHost,
+      opts.apiHost ?? own,
       opts.readOnlySysctls ?? false,
       opts.nodeArgs ?? [],
       opts.mainJs,
     );
+    agent.clock = clock;
     await agent.launch(opts.readyTimeoutMs ?? 20_000);
     return agent;
   }

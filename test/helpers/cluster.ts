@@ -1,19 +1,23 @@
 /**
  * Clusters of real agents for the replication tests: start n agents with a short gossip interval
- * and the test hooks, bootstrap them under one license, join them, and compare what each one
+ * (on request on loopback addresses of their own and on movable clocks), bootstrap them under one
+ * license, join them, and compare what each one
  * serves. Agents' answers are compared without the liveness fields (`reachable`, `last_seen_at`)
  * and `is_local`: those are each agent's own observation, not replicated state.
  */
 import assert from 'node:assert/strict';
-import { AgentProcess } from './agent-process.js';
+import { AgentProcess, type StartOptions } from './agent-process.js';
 import type { ApiResponse } from './api-client.js';
 import type { Vendor } from './licenses.js';
 import { bootstrapNode, join, type Node } from './nodes.js';
 
 export const GOSSIP_INTERVAL_MS = 200;
-export const CLUSTER_ARGS = ['--gossip-interval-ms', String(GOSSIP_INTERVAL_MS), '--test-hooks'];
+export const CLUSTER_ARGS = ['--gossip-interval-ms', String(GOSSIP_INTERVAL_MS)];
 
 export type LicenseOverrides = Parameters<Vendor['sign']>[0];
+
+/** What a test needs of its agents beyond a short gossip interval: a cut (gossip-cut.ts), a clock. */
+export type ClusterAgentOptions = Pick<StartOptions, 'ownAddress' | 'movableClock'>;
 
 /**
  * Polls `fn` until it returns something other than undefined, or throws after `ms` with `what`
@@ -45,8 +49,12 @@ export async function eventually<T>(
 }
 
 /** Starts one agent for a cluster test and bootstraps it. */
-export async function startNode(vendor: Vendor, license: LicenseOverrides): Promise<Node> {
-  const agent = await AgentProcess.start({ vendor, extraArgs: CLUSTER_ARGS });
+export async function startNode(
+  vendor: Vendor,
+  license: LicenseOverrides,
+  options: ClusterAgentOptions = {},
+): Promise<Node> {
+  const agent = await AgentProcess.start({ vendor, extraArgs: CLUSTER_ARGS, ...options });
   return bootstrapNode(agent, vendor, license);
 }
 
@@ -54,9 +62,14 @@ export async function startNode(vendor: Vendor, license: LicenseOverrides): Prom
  * Starts n agents, bootstraps them in order (the first is the oldest peer, so the allocator)
  * and joins each of the others to the first; returns once every agent lists all n peers.
  */
-export async function startCluster(vendor: Vendor, n: number, license: LicenseOverrides): Promise<Node[]> {
+export async function startCluster(
+  vendor: Vendor,
+  n: number,
+  license: LicenseOverrides,
+  options: ClusterAgentOptions = {},
+): Promise<Node[]> {
   const agents = await Promise.all(
-    Array.from({ length: n }, () => AgentProcess.start({ vendor, extraArgs: CLUSTER_ARGS })),
+    Array.from({ length: n }, () => AgentProcess.start({ vendor, extraArgs: CLUSTER_ARGS, ...options })),
   );
   const nodes: Node[] = [];
   try {

@@ -1,6 +1,7 @@
 /**
  * Shared code of the cluster security, rotation and limits tests: clusters of real agents
- * started with `--test-hooks` (clock and fault switch), gossip envelopes built by hand exactly as
+ * (on request on loopback addresses of their own, for gossip-cut.ts, and on movable clocks,
+ * faketime.ts), gossip envelopes built by hand exactly as
  * an agent builds them (seal() of src/cluster/gossip-envelope.ts) so a test can send genuine,
  * replayed or forged messages to POST /internal/v1/gossip, and readers of what an agent shows
  * (its replicated state, its refusal counters).
@@ -13,12 +14,12 @@ import { type Envelope, type Payload, seal } from '../../src/cluster/gossip-enve
 import { encodeStamp } from '../../src/cluster/hlc.js';
 import { Identity } from '../../src/cluster/identity.js';
 import { makeVkey, PEER_RANK, type WireRecord } from '../../src/cluster/replicated-records.js';
-import { AgentProcess } from './agent-process.js';
+import { AgentProcess, type StartOptions } from './agent-process.js';
 import { assertError, withoutLiveness } from './api-assertions.js';
 import type { ApiResponse } from './api-client.js';
 import type { Vendor } from './licenses.js';
 
-export const GOSSIP_ARGS = ['--gossip-interval-ms', '200', '--test-hooks'];
+export const GOSSIP_ARGS = ['--gossip-interval-ms', '200'];
 
 /** One running, bootstrapped agent; its API credential is kept to get fresh tokens. */
 export interface Member {
@@ -28,9 +29,10 @@ export interface Member {
   clientSecret: string;
   /** Admin token; refreshed by refreshToken() (tokens live 1 h on the agent's clock). */
   token: string;
-  /** How far this agent's clock was moved forward by the test hook (0 after a restart). */
-  offsetMs: number;
 }
+
+/** What a test needs of its agents: a cut (gossip-cut.ts), a clock it moves (faketime.ts). */
+export type MemberOptions = Pick<StartOptions, 'ownAddress' | 'movableClock'>;
 
 /** Polls until fn returns something other than undefined; fails with `what` at the deadline. */
 export async function eventually<T>(
@@ -63,14 +65,15 @@ export async function startMember(
   license: Parameters<Vendor['sign']>[0],
   name = 'test',
   args: readonly string[] = GOSSIP_ARGS,
+  options: MemberOptions = {},
 ): Promise<Member> {
-  const agent = await AgentProcess.start({ vendor, extraArgs: [...args] });
+  const agent = await AgentProcess.start({ vendor, extraArgs: [...args], ...options });
   try {
     const res = await agent.client.post('/v1/bootstrap', { json: { license: vendor.sign(license), name } });
     assert.equal(res.status, 201, `bootstrap: ${res.text}`);
     const creds = { clientId: res.body.client_id as string, clientSecret: res.body.client_secret as string };
     const token = await agent.client.token(creds.clientId, creds.clientSecret);
-    return { agent, peerId: res.body.peer_id as string, ...creds, token, offsetMs: 0 };
+    return { agent, peerId: res.body.peer_id as string, ...creds, token };
   } catch (err) {
     await agent.stop().catch(() => undefined);
     throw err;
@@ -79,22 +82,25 @@ export async function startMember(
 
 /** `a` adds `b` by the handshake (POST /v1/peers); returns the answer. */
 export function addPeer(a: Member, b: Member): Promise<ApiResponse> {
-  return a.agent.client.post('/v1/peers', { token: a.token, json: { address: `127.0.0.1:${b.agent.port}` } });
+  return a.agent.client.post('/v1/peers', { token: a.token, json: { address: b.agent.address } });
 }
 
 /**
  * Starts `n` agents under one license and joins them into one cluster (each to the first);
- * `args` are the agents' extra serve flags (default: a 200 ms gossip interval and the test hooks).
+ * `args` are the agents' extra serve flags (default: a 200 ms gossip interval).
  */
 export async function startCluster(
   vendor: Vendor,
   n: number,
   license: Parameters<Vendor['sign']>[0],
   args: readonly string[] = GOSSIP_ARGS,
+  options: MemberOptions = {},
 ): Promise<Member[]> {
   const members: Member[] = [];
   try {
-    for (let i = 0; i < n; i++) members.push(await startMember(vendor, license, `agent-${i}`, args));
+    for (let i = 0; i < n; i++) {
+      members.push(await startMember(vendor, license, `agent-${i}`, args, options));
+    }
     for (const m of members.slice(1)) {
       const res = await addPeer(members[0]!, m);
       assert.equal(res.status, 201, `join: ${res.text}`);
@@ -138,39 +144,17 @@ export async function refreshToken(m: Member): Promise<void> {
   m.token = await m.agent.client.token(m.clientId, m.clientSecret);
 }
 
-/** Moves each agent's clock forward by `ms`, back to back, then refreshes their tokens. */
+/**
+ * Moves each agent's clock forward by `ms` (agents started with movableClock), all at once, then
+ * refreshes their tokens.
+ */
 export async function advanceClocks(members: readonly Member[], ms: number): Promise<void> {
-  const answers = await Promise.all(
-    members.map((m) =>
-      m.agent.client.post('/internal/v1/test/clock', { token: m.token, json: { advance_ms: ms } }),
-    ),
-  );
-  answers.forEach((res, i) => {
-    assert.equal(res.status, 200, `clock advance: ${res.text}`);
-    members[i]!.offsetMs = res.body.offset_ms as number;
-  });
+  await Promise.all(members.map((m) => m.agent.advanceClock(ms)));
   for (const m of members) await refreshToken(m);
-}
-
-/** Cuts gossip of `m` to and from the given peers (an empty list heals). */
-export async function setBlocked(m: Member, peerIds: string[]): Promise<void> {
-  await setFaults(m, peerIds, 0);
 }
 
 /** An agent a test holds an admin token for: a Member, or a Node of test/helpers/nodes.ts. */
 type Reachable = Pick<Member, 'agent' | 'token'>;
-
-/**
- * The fault switch (test hooks): gossip to and from `blocked` cut, and the share `loss` of this
- * agent's own requests, and of the answers it gets, dropped.
- */
-export async function setFaults(m: Reachable, blocked: string[], loss = 0): Promise<void> {
-  const res = await m.agent.client.put('/internal/v1/test/faults', {
-    token: m.token,
-    json: { blocked_peer_ids: blocked, loss },
-  });
-  assert.equal(res.status, 200, res.text);
-}
 
 /** Whether `observer` currently reports the peer `peerId` as reachable (GET /v1/peers/{id}). */
 export async function reachableOn(observer: Reachable, peerId: string): Promise<boolean> {
@@ -204,8 +188,8 @@ export async function gossipMessages(
   );
 }
 
-/** The agent's time, as its (possibly advanced) clock reads it. */
-export const agentNow = (m: Member): number => Date.now() + m.offsetMs;
+/** The agent's time, as its (possibly moved) clock reads it. */
+export const agentNow = (m: Member): number => m.agent.clock?.now() ?? Date.now();
 
 /** The Ed25519 identity an agent signs gossip with, read from its data dir. */
 export function identityOf(m: Member): Identity {

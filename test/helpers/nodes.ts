@@ -47,7 +47,7 @@ export async function scopedToken(node: Node, ...scopes: ScopeName[]): Promise<s
 export async function join(a: Node, b: Node): Promise<void> {
   const res = await a.agent.client.post('/v1/peers', {
     token: a.token,
-    json: { address: `127.0.0.1:${b.agent.port}` },
+    json: { address: b.agent.address },
   });
   assert.equal(res.status, 201, res.text);
 }

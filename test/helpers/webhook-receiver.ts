@@ -19,12 +19,21 @@ export interface ReceivedDelivery {
 
 export type ReceiverMode = { status: number } | 'hang';
 
+/** The Standard Webhooks timestamp tolerance, the library's. */
+const TOLERANCE_S = 5 * 60;
+
 export class WebhookReceiver {
   readonly received: ReceivedDelivery[] = [];
   /** Requests whose answer is still held back ('hang'). */
   readonly hanging = new Set<http.ServerResponse>();
   secret: string | undefined;
   mode: ReceiverMode = { status: 204 };
+  /**
+   * How far this receiver's clock is ahead of the test's. An operator's receiver keeps time with
+   * the agent (both on NTP): a test that moves an agent's clock (faketime.ts) moves this one too,
+   * or every timestamp would be refused as too new.
+   */
+  clockOffsetMs = 0;
   private server: http.Server | undefined;
   private boundPort = 0;
 
@@ -47,6 +56,23 @@ export class WebhookReceiver {
     return this.received.filter((d) => d.event !== undefined).map((d) => d.event!);
   }
 
+  /** The library's check; on a moved clock, the same check against this receiver's time. */
+  private verify(secret: string, body: string, headers: http.IncomingHttpHeaders): Record<string, unknown> {
+    const hook = new Webhook(secret);
+    if (this.clockOffsetMs === 0)
+      return hook.verify(body, headers as Record<string, string>) as Record<string, unknown>;
+    const id = String(headers['webhook-id']);
+    const seconds = Number(headers['webhook-timestamp']);
+    const now = (Date.now() + this.clockOffsetMs) / 1000;
+    if (!Number.isInteger(seconds) || Math.abs(now - seconds) > TOLERANCE_S) {
+      throw new Error(`timestamp ${headers['webhook-timestamp']} not within ${TOLERANCE_S} s`);
+    }
+    const signatures = String(headers['webhook-signature']).split(' ');
+    if (!signatures.includes(hook.sign(id, new Date(seconds * 1000), body)))
+      throw new Error('no matching signature');
+    return JSON.parse(body) as Record<string, unknown>;
+  }
+
   private listen(port: number): Promise<void> {
     const server = http.createServer((req, res) => {
       const chunks: Buffer[] = [];
@@ -57,10 +83,7 @@ export class WebhookReceiver {
         let verifyError: string | undefined;
         try {
           if (!this.secret) throw new Error('the test gave the receiver no secret');
-          event = new Webhook(this.secret).verify(body, req.headers as Record<string, string>) as Record<
-            string,
-            unknown
-          >;
+          event = this.verify(this.secret, body, req.headers);
         } catch (err) {
           verifyError = (err as Error).message;
         }
