@@ -268,10 +268,17 @@ async function withDataPlane(requests: number): Promise<void> {
       const changes = n.agent.logs.split('\n').filter((l) => l.includes('service health changed'));
       console.log(`  ${name}: ${changes.length} service health changes logged`);
       for (const l of changes.slice(0, 10)) console.log(`    ${l.slice(0, 200)}`);
-      if (process.env.EXPLAIN_BENCH_LOGS)
-        writeFileSync(`${process.env.EXPLAIN_BENCH_LOGS}-${name}.log`, n.agent.logs);
     }
   } finally {
+    // Kept on request, a failed run's too.
+    const logs = process.env.EXPLAIN_BENCH_LOGS;
+    if (logs)
+      for (const [name, n] of [
+        ['ingress', mesh.ingress],
+        ['exit', mesh.exit],
+        ['exit2', mesh.exit2],
+      ] as const)
+        writeFileSync(`${logs}-${name}.log`, n.agent.logs);
     await mesh.down();
   }
 }
