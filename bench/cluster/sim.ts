@@ -30,6 +30,11 @@ const CHANGES = Number(process.env.BENCH_CHANGES ?? 20);
 const WINDOW_S = Number(process.env.BENCH_WINDOW_S ?? 10);
 /** Loss levels, comma-separated shares. */
 const LOSSES = (process.env.BENCH_LOSS ?? '0,0.2').split(',').map(Number);
+/** One-way delay: base and uniform jitter in ms ("5,20": 5-25 ms). */
+const [DELAY_MS, JITTER_MS] = (process.env.BENCH_DELAY ?? '5,20').split(',').map(Number) as [number, number];
+/** 1: a lost message fails at once at its sender (the former fault switch's loss; network.ts). */
+const LOSS_KNOWN = process.env.BENCH_LOSS_KNOWN === '1';
+const INTERVAL_MS = 200;
 const ACTOR = { client_id: null, agent: 'bench' };
 const START = Date.UTC(2026, 0, 1);
 
@@ -60,7 +65,7 @@ async function run(n: number, loss: number) {
       time,
       net,
       licenseKeys: [createPublicKey(key)],
-      intervalMs: 200,
+      intervalMs: INTERVAL_MS,
       tombstoneHorizonMs: DEFAULT_TOMBSTONE_HORIZON_MS,
       factories: {},
       agentAt: (address: string) => agents[Number(address.slice(6, address.indexOf('.')))],
@@ -80,15 +85,26 @@ async function run(n: number, loss: number) {
       while (!done) await time.runUntil(time.now() + 20);
       await p;
     }
-    // Then every agent's rounds: anti-entropy brings each the whole membership.
-    for (const a of agents.slice(1)) a.gossip.start();
+    // Each agent got the state as of its own join from the handshake; the rest of the
+    // membership is handed over directly, as a restored backup would be, so that formation is
+    // O(N^2) record checks instead of N anti-entropy cascades through every member.
+    const all = agents[0]!.replica
+      .digestEntries()
+      .map(([k]) => agents[0]!.replica.record(k))
+      .filter((r) => r !== undefined);
+    for (const a of agents.slice(1)) a.replica.apply(all);
+    // Then every agent's rounds, each at its own phase of the interval, as agents started at
+    // different times have: rounds in lockstep made every change wait the same time for a probe.
+    const phases = root.fork();
+    for (const a of agents.slice(1)) time.at(phases.int(INTERVAL_MS), () => a.gossip.start());
     const root0 = () => agents[0]!.replica.digest().root;
+    await time.runUntil(time.now() + INTERVAL_MS);
     while (agents.some((a) => a.replica.digest().root !== root0())) await time.runUntil(time.now() + 1000);
     await time.runUntil(time.now() + 5000);
     const formWall = performance.now() - formStart;
     // Progress on stderr: a large N runs for many minutes.
     console.error(`N = ${n}: formed in ${(formWall / 1000).toFixed(1)} s wall`);
-    net.faults = { loss, delayMs: 5, jitterMs: 20, duplicate: 0 };
+    net.faults = { loss, delayMs: DELAY_MS, jitterMs: JITTER_MS, duplicate: 0, lossKnown: LOSS_KNOWN };
     const wallStart = performance.now();
     const simStart = time.now();
     const total = () => net.bytesSent.reduce((s, b) => s + b, 0);
@@ -112,7 +128,8 @@ async function run(n: number, loss: number) {
         pending = pending.filter((a) => (a.replica.vkeyOf(k) ?? '') < rec.vkey);
       }
       times.push((time.now() - t0) / 1000);
-      await time.runUntil(t0 + 3000);
+      // 3 s apart, at a random point of the interval.
+      await time.runUntil(t0 + 3000 + rnd.int(INTERVAL_MS));
     }
     // Bytes under one change per second.
     before = total();
@@ -123,6 +140,7 @@ async function run(n: number, loss: number) {
     const busy = (total() - before) / n / WINDOW_S;
     const simSeconds = (time.now() - simStart) / 1000;
     const wallPerSimSecond = (performance.now() - wallStart) / 1000 / simSeconds;
+    const rssMb = Math.round(process.memoryUsage().rss / 2 ** 20);
     for (const a of agents) a.crash();
     for (const a of agents) a.store.close();
     return {
@@ -135,6 +153,9 @@ async function run(n: number, loss: number) {
       changeBytesPerAgentPerS: Math.round(busy),
       wallSPerSimS: Number(wallPerSimSecond.toFixed(3)),
       formationWallS: Number((formWall / 1000).toFixed(1)),
+      delayMs: `${DELAY_MS}-${DELAY_MS + JITTER_MS}`,
+      lossKnown: LOSS_KNOWN,
+      rssMb,
     };
   });
 }
