@@ -4,7 +4,9 @@
  * simulated seconds with every fault kind must keep every invariant; one seed run twice gives
  * the same trace; and each invariant, broken on purpose by an injected part, is caught.
  *
- * SIM_SEEDS sets how many seeds the sweep runs (default 10: about 90 s on this 2-core machine).
+ * SIM_SEEDS sets how many seeds the sweep runs, on one worker thread per core (default 40: about
+ * 180 CPU-seconds; the issue's 200 take about 5 minutes of 2 free cores, docs/gossip.md "The
+ * simulator").
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
@@ -16,7 +18,7 @@ import type { PartFactories } from '../sim/agent.js';
 import { simulateOnThreads } from '../sim/seed-pool.js';
 import { type InvariantName, type SimOptions, type SimResult, simulate } from '../sim/simulator.js';
 
-const SEEDS = Number(process.env.SIM_SEEDS ?? 10);
+const SEEDS = Number(process.env.SIM_SEEDS ?? 40);
 
 function explain(r: SimResult): string {
   return `seed ${r.seed}: ${r.violations.map((v) => `${v.invariant} at ${v.atMs} ms: ${v.detail}`).join('; ')}\nreplay: ${r.replay}`;
