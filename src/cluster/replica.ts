@@ -297,11 +297,20 @@ export class Replica {
       if (isWellFormed(r) && this.hlc.observe(parseVkey(r.vkey)!.stamp)) wellFormed.push(r);
       else malformed++;
     }
+    // What we already hold at this vkey or a newer one changes nothing (applyOne's first test):
+    // most records arrive fanout times, and a transaction that finds them all held cost a merge
+    // most of its time (test/sim: 64 % of merges, 11 % of a run's CPU). Outside a transaction
+    // this reads the store's snapshot, which is what SQLite holds.
+    const fresh = wellFormed.filter((r) => {
+      const held = this.vkeyOf(r.key);
+      return held === undefined || r.vkey > held;
+    });
+    if (fresh.length === 0) return { applied, malformed };
     const order = (r: WireRecord) => APPLY_ORDER[splitKey(r.key)!.kind];
-    wellFormed.sort((a, b) => order(a) - order(b));
+    fresh.sort((a, b) => order(a) - order(b));
     this.store.transaction(() => {
       if (!this.store.agentState()) return;
-      for (const r of wellFormed) {
+      for (const r of fresh) {
         const before = this.events && this.held(r.key);
         const outcome = this.applyOne(r);
         if (outcome === 'malformed') malformed++;

@@ -27,6 +27,12 @@ export interface NetFaults {
   jitterMs: number;
   /** Share of requests delivered twice. */
   duplicate: number;
+  /**
+   * A lost message fails at once at its sender instead of leaving it to its timeout: how the
+   * agents' former in-process fault switch lost messages, which the multi-process bench figures
+   * of docs/benchmarks.md were measured with. A real network tells the sender nothing.
+   */
+  lossKnown?: boolean;
 }
 
 export const CALM: NetFaults = { loss: 0, delayMs: 5, jitterMs: 5, duplicate: 0 };
@@ -101,6 +107,7 @@ export class SimNetwork {
       this.messages++;
       if (!to || !this.passes(from, to)) {
         this.trace(`drop ${from.index}>${to?.index ?? address} ${size}`);
+        if (this.faults.lossKnown) this.time.at(0, () => settle(() => reject(new Error('lost'))));
         return;
       }
       const copies = this.random.chance(this.faults.duplicate) ? 2 : 1;
@@ -113,7 +120,10 @@ export class SimNetwork {
             const replySize = JSON.stringify(reply.body).length;
             this.bytesSent[to.index]! += replySize;
             this.trace(`msg ${from.index}>${to.index} ${size} ${reply.status} ${replySize}`);
-            if (!this.passes(to, from)) return;
+            if (!this.passes(to, from)) {
+              if (this.faults.lossKnown) this.time.at(0, () => settle(() => reject(new Error('lost'))));
+              return;
+            }
             this.time.at(this.delay(), () =>
               settle(() =>
                 resolve({

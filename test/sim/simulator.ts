@@ -116,7 +116,12 @@ class Simulation {
   private readonly members = new Set<number>([0]);
   private refused = 0;
   private readonly refusals: Record<string, number> = {};
-  private rotation: { previous: MacKey; at: number } | undefined;
+  /**
+   * Each rotation's previous key, by the vkey of the credential record it wrote: of rotations
+   * made at once on both sides of a partition only one record wins the merge, and only its
+   * previous key is graced everywhere (a losing one's stays usable on the agents that held it).
+   */
+  private readonly rotations = new Map<string, { previous: MacKey; at: number }>();
   private readonly maxServices: number;
   private readonly maxNodes: number;
   private readonly w: Prng;
@@ -264,6 +269,14 @@ class Simulation {
         const done = (result: unknown) => {
           void result;
           if (!a.up) return;
+          // Acknowledged by an agent that left or was removed while the write was in flight
+          // (a create waits for the allocator): it holds that write alone, and its word no
+          // longer counts in the cluster (seed 1045: a service created on an agent just after
+          // it left). Whether the agent should refuse such a write instead is open.
+          if (this.removed.has(a.index)) {
+            this.trace(`ack-after-departure ${a.index} ${name}`);
+            return;
+          }
           const k = key();
           const vkey = a.replica.vkeyOf(k);
           const held = a.replica.held(k);
@@ -350,7 +363,8 @@ class Simulation {
         () => 'credential',
         () => {
           a.credential.rotate(a.id, ACTOR);
-          this.rotation = { previous, at: this.time.now() };
+          const vkey = a.replica.vkeyOf('credential');
+          if (vkey) this.rotations.set(vkey, { previous, at: this.time.now() });
         },
       );
     } else if (roll < 94 && !this.members.has(this.o.agents)) {
@@ -552,10 +566,12 @@ class Simulation {
   }
 
   private async checkGrace(): Promise<void> {
-    const r = this.rotation;
     const live = this.live();
-    if (!r || live.length < 2) return;
+    if (live.length < 2) return;
     const [a, b] = [live[0]!, live[1]!];
+    // The rotation whose record the cluster converged on (seed 1045: concurrent rotations).
+    const r = this.rotations.get(a.replica.vkeyOf('credential') ?? '');
+    if (!r) return;
     const during = await this.sendWith(a, b, r.previous);
     const current = a.credential.macKeys()[0]!;
     const superseded = current.kid !== r.previous.kid;
