@@ -140,6 +140,8 @@ class Simulation {
 
   private trace(line: string): void {
     this.hash.update(`${this.time.now() - START} ${line}\n`);
+    // SIM_TRACE=1: the trace itself on stderr, to follow a failing seed.
+    if (process.env.SIM_TRACE) process.stderr.write(`${this.time.now() - START} ${line}\n`);
   }
 
   private violate(invariant: InvariantName, detail: string): void {
