@@ -60,8 +60,9 @@ export function linkKey(l: LinkSpec): string {
 }
 
 /**
- * What the kernel compares between two rules besides their addresses (its rule_exists and
- * fib4/fib6_rule_compare): rules with different keys are never duplicates.
+ * The kernel refuses to add a rule beside an existing one (EEXIST) when everything but the
+ * addresses is equal, and an address counts only where the new rule sets one (its rule_exists
+ * and fib4/fib6_rule_compare). This is that everything: rules with different keys never collide.
  */
 function duplicateKey(c: RuleSpec): string {
   return JSON.stringify([
@@ -84,18 +85,7 @@ function addressesCollide(rule: RuleSpec, existing: RuleSpec): boolean {
 }
 
 /**
- * Whether the kernel refuses to add `rule` beside `existing` (EEXIST): everything but the
- * addresses must be equal, and an address counts only where the new rule sets one (the
- * kernel's rule_exists and fib4/fib6_rule_compare).
- */
-export function kernelDuplicate(rule: RuleSpec, existing: RuleSpec): boolean {
-  const a = canonicalRule(rule);
-  const b = canonicalRule(existing);
-  return duplicateKey(a) === duplicateKey(b) && addressesCollide(a, b);
-}
-
-/**
- * The rules of `toDelete` that one of `toAdd` would collide with (kernelDuplicate), in linear
+ * The rules of `toDelete` that one of `toAdd` would collide with (duplicateKey), in linear
  * time: a failover re-ranks a service's thousand rules at once, and comparing every pair held
  * the event loop for seconds.
  */
