@@ -16,6 +16,7 @@
  */
 import { execFile } from 'node:child_process';
 import { parseArgs, promisify } from 'node:util';
+import { bulkTransfer, p50, p99, pingTimes, requestTimes } from '../../test/helpers/latency-probes.js';
 import { APPS, createService, HTTP, meshNetnsUp, UDP, until, waitUp } from '../../test/helpers/mesh-netns.js';
 import { IP, spawnIn, type Topology } from '../../test/helpers/netns-topology.js';
 
@@ -37,10 +38,6 @@ const exec = promisify(execFile);
 let run: Topology['run'];
 
 const REF = { a: 'mbsl-ra', b: 'mbsl-rb', ipA: '10.92.0.1', ipB: '10.92.0.2' };
-const p50 = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] ?? Number.NaN;
-const p99 = (xs: number[]) =>
-  [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(xs.length * 0.99))] ?? Number.NaN;
-
 interface Sample {
   pings: number[];
   requests: number[];
@@ -48,37 +45,16 @@ interface Sample {
 
 /** Pings and small requests (each its own connection) from `ns` to `host`, at once. */
 async function sample(ns: string, host: string): Promise<Sample> {
-  const [pingOut, curlOut] = await Promise.all([
-    run(ns, 'ping', ['-c', '30', '-i', '0.2', '-W', '2', host], 20_000).catch((e: Error) => e.message),
-    run(
-      ns,
-      'sh',
-      [
-        '-c',
-        `for i in $(seq 1 20); do curl -sS -o /dev/null --max-time 5 -w '%{time_total}\\n' http://${host}:${HTTP}/bytes?n=1000 || echo 5; sleep 0.2; done`,
-      ],
-      120_000,
-    ),
+  const [pings, requests] = await Promise.all([
+    pingTimes(run, ns, host, 30),
+    requestTimes(run, ns, host, HTTP, 20),
   ]);
-  return {
-    pings: [...pingOut.matchAll(/time=([\d.]+) ms/g)].map((m) => Number(m[1])),
-    requests: curlOut
-      .trim()
-      .split('\n')
-      .map((l) => Number(l) * 1000),
-  };
+  return { pings, requests };
 }
 
 /** A bulk transfer at three times `mbps` for `seconds`, up or down, in the background. */
-function bulk(ns: string, host: string, mbps: number, direction: 'up' | 'down', seconds: number) {
-  const bytes = Math.round(((3 * mbps * 1e6) / 8) * seconds);
-  const cmd =
-    direction === 'down'
-      ? `curl -sS -o /dev/null --max-time ${seconds} http://${host}:${HTTP}/bytes?n=${bytes}`
-      : `head -c ${bytes} /dev/zero | curl -sS -o /dev/null --max-time ${seconds} -T - http://${host}:${HTTP}/sink`;
-  // curl exits 28 when --max-time ends it, as meant.
-  return run(ns, 'sh', ['-c', `${cmd}; true`], (seconds + 10) * 1000);
-}
+const bulk = (ns: string, host: string, mbps: number, direction: 'up' | 'down', seconds: number) =>
+  bulkTransfer(run, ns, host, HTTP, direction, Math.round(((3 * mbps * 1e6) / 8) * seconds), seconds);
 
 interface Row {
   path: string;

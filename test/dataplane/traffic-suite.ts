@@ -10,6 +10,7 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
+import { bulkTransfer, p50, p99, pingTimes, requestTimes } from '../helpers/latency-probes.js';
 import {
   AGENT_UNDERLAY,
   APPS,
@@ -490,47 +491,19 @@ export function trafficSuite(transport: 'tcp' | 'kcp', prefix: string, index: nu
     if (transport === 'kcp') it.todo(`${lowLatency} (kcp: tails of 100 to 150 ms, not yet)`);
     else
       it(lowLatency, async (t) => {
-        const pings = async (count: number) => {
-          const out = await topo
-            .run(
-              topo.ns.client,
-              'ping',
-              ['-c', String(count), '-i', '0.2', '-W', '2', IP.dest],
-              (count * 0.2 + 10) * 1000,
-            )
-            .catch((e: Error) => e.message);
-          return [...out.matchAll(/time=([\d.]+) ms/g)].map((m) => Number(m[1]));
-        };
-        // Small requests, one at a time, each on its own connection (its own stream), as a browser
-        // beside a download: what the time of one such exchange gains from the bulk flow.
-        const requests = async (count: number) => {
-          const out = await topo.run(
-            topo.ns.client,
-            'sh',
-            [
-              '-c',
-              `for i in $(seq 1 ${count}); do curl -sS -o /dev/null --max-time 5 -w '%{time_total}\\n' http://${IP.dest}:${HTTP}/bytes?n=1000 || echo 5; sleep 0.2; done`,
-            ],
-            (count * 5.2 + 10) * 1000,
-          );
-          return out
-            .trim()
-            .split('\n')
-            .map((line) => Number(line) * 1000);
-        };
-        const p50 = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
-        const p99 = (xs: number[]) =>
-          [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(xs.length * 0.99))]!;
+        const pings = (count: number) => pingTimes(topo.run, topo.ns.client, IP.dest, count);
+        const requests = (count: number) => requestTimes(topo.run, topo.ns.client, IP.dest, HTTP, count);
         /** A bulk transfer of `seconds` at well over the limit, in the background. */
-        const bulk = (direction: 'up' | 'down', seconds: number) => {
-          const bytes = Math.round((100e6 / 8) * seconds);
-          const cmd =
-            direction === 'down'
-              ? `curl -sS -o /dev/null --max-time ${seconds} http://${IP.dest}:${HTTP}/bytes?n=${bytes}`
-              : `head -c ${bytes} /dev/zero | curl -sS -o /dev/null --max-time ${seconds} -T - http://${IP.dest}:${HTTP}/sink`;
-          // curl exits 28 when --max-time ends it, as meant.
-          return topo.run(topo.ns.client, 'sh', ['-c', `${cmd}; true`], (seconds + 10) * 1000);
-        };
+        const bulk = (direction: 'up' | 'down', seconds: number) =>
+          bulkTransfer(
+            topo.run,
+            topo.ns.client,
+            IP.dest,
+            HTTP,
+            direction,
+            Math.round((100e6 / 8) * seconds),
+            seconds,
+          );
         const measured: string[] = [];
         /**
          * What a bulk flow adds to the latency of pings and small requests beside it: the same
