@@ -9,12 +9,11 @@
 import assert from 'node:assert/strict';
 import { existsSync, readFileSync } from 'node:fs';
 import { after, before, describe, it } from 'node:test';
-import { type Browser, chromium, type Page } from 'playwright-core';
+import type { Browser, Page } from 'playwright-core';
+import { CHROMIUM, type IsolatedChromium, launchIsolatedChromium } from '../helpers/isolated-chromium.js';
 import { makeVendor } from '../helpers/licenses.js';
 import { type Node, startNode } from '../helpers/nodes.js';
 
-/** Debian's package (`apt-get install chromium`), not a browser playwright downloads. */
-const CHROMIUM = '/usr/bin/chromium';
 /** The API document in the repository; compiled, this file runs from dist/test/api/. */
 const SPEC = new URL('../../../docs/api.md', import.meta.url);
 const METHODS = ['get', 'put', 'post', 'delete', 'patch', 'head', 'options', 'trace'];
@@ -76,6 +75,8 @@ async function renderedOperations(page: Page): Promise<string[]> {
 describe('/docs rendered in headless Chromium', { timeout: 60_000 }, () => {
   let node: Node | undefined;
   let browser: Browser | undefined;
+  /** In a network namespace of its own: test/helpers/isolated-chromium.ts says why. */
+  let isolated: IsolatedChromium | undefined;
   let origin: string;
   let page: Page;
   /** Requests to anything but the agent: aborted, and recorded to fail the test. */
@@ -104,7 +105,8 @@ describe('/docs rendered in headless Chromium', { timeout: 60_000 }, () => {
           .map((m) => `${m.toUpperCase()} ${path}`),
       ),
     );
-    browser = await chromium.launch({ executablePath: CHROMIUM, args: ['--no-sandbox'], timeout: 20_000 });
+    isolated = await launchIsolatedChromium([node.agent.port]);
+    browser = isolated.browser;
     const context = await browser.newContext();
     context.setDefaultTimeout(15_000);
     // On the context, not the page: also covers workers and any popup the page might open.
@@ -127,7 +129,7 @@ describe('/docs rendered in headless Chromium', { timeout: 60_000 }, () => {
   });
 
   after(async () => {
-    await browser?.close();
+    await isolated?.close();
     if (node) assert.equal(await node.agent.stop(), 0);
   });
 

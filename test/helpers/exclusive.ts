@@ -15,7 +15,8 @@ import { setTimeout as sleep } from 'node:timers/promises';
 
 const ROOT = join(tmpdir(), 'mesh-agent-test-locks');
 
-function alive(pid: number): boolean {
+/** Whether a process with this pid exists (one owned by another user counts). */
+export function processAlive(pid: number): boolean {
   try {
     process.kill(pid, 0);
     return true;
@@ -49,7 +50,7 @@ export async function exclusive(name: string, timeoutMs: number): Promise<() => 
     } catch {
       // Taken a moment ago, its pid not written yet: wait.
     }
-    if (Number.isInteger(holder) && holder > 0 && !alive(holder)) {
+    if (Number.isInteger(holder) && holder > 0 && !processAlive(holder)) {
       rmSync(dir, { recursive: true, force: true });
       continue;
     }

@@ -14,6 +14,7 @@
  */
 import { execFileSync } from 'node:child_process';
 import type { AgentProcess } from './agent-process.js';
+import { processAlive } from './exclusive.js';
 
 let tables = 0;
 
@@ -35,16 +36,7 @@ function hostPort(agent: AgentProcess): { host: string; port: number } {
 function removeOrphans(): void {
   const listed = execFileSync('nft', ['list', 'tables', 'inet'], { encoding: 'utf8' });
   for (const [, name, pid] of listed.matchAll(/table inet (mesh_test_gossip_(\d+)_\d+)/g)) {
-    if (!alive(Number(pid))) nft(`delete table inet ${name}\n`);
-  }
-}
-
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    return (err as NodeJS.ErrnoException).code !== 'ESRCH';
+    if (!processAlive(Number(pid))) nft(`delete table inet ${name}\n`);
   }
 }
 

@@ -6,6 +6,7 @@
  * Requires root and iproute2; fails loudly otherwise.
  */
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
+import { processAlive } from './exclusive.js';
 
 export interface RunResult {
   code: number | null;
@@ -15,15 +16,6 @@ export interface RunResult {
 }
 
 let counter = 0;
-
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-}
 
 /** Throws with the reason when `command` cannot be run here (e.g. ping not installed). */
 export function requireCommand(command: string, versionArgs: string[] = ['-V']): void {
@@ -52,7 +44,7 @@ export class Netns {
     for (const line of list.split('\n')) {
       const name = line.split(' ')[0] ?? '';
       const m = new RegExp(`^${prefix}-(\\d+)-\\d+$`).exec(name);
-      if (m && !alive(Number(m[1]))) Netns.remove(name);
+      if (m && !processAlive(Number(m[1]))) Netns.remove(name);
     }
     const ns = new Netns(`${prefix}-${process.pid}-${++counter}`);
     execFileSync('ip', ['netns', 'add', ns.name], { timeout: 5000 });
