@@ -1207,6 +1207,15 @@ export class DataPlane {
     const silentAfterMs = this.failover.intervalMs * this.failover.misses;
     const ingress = [...this.carried.values()].filter((c) => c.service.role === 'ingress');
     let redo = false;
+    // Asked only of services whose health changed, once each: most judgements change nothing.
+    const verdicts = new Map<string, HealthVerdict>();
+    const verdictOf = (id: string): HealthVerdict => {
+      const known = verdicts.get(id);
+      if (known) return known;
+      const v = this.health.verdict(id, now);
+      verdicts.set(id, v);
+      return v;
+    };
     for (const c of ingress) {
       const id = c.service.serviceId;
       const silent = this.tunnelOf(c.service)?.silentMs() ?? null;
@@ -1227,7 +1236,7 @@ export class DataPlane {
         now,
       );
       if (change.state) {
-        const v = this.health.verdict(id, now);
+        const v = verdictOf(id);
         const to = v.reason ?? v.state;
         this.healthChanges.set(to, (this.healthChanges.get(to) ?? 0) + 1);
         this.options.logger.info({ service: id, state: v.state, reason: v.reason }, 'service health changed');
@@ -1247,11 +1256,11 @@ export class DataPlane {
     for (const id of this.everUp) if (!ids.has(id)) this.everUp.delete(id);
     for (const id of this.exitStatus.keys()) if (!ids.has(id)) this.exitStatus.delete(id);
     if (!redo) return;
-    const standby = new Set([...ids].filter((id) => !this.health.verdict(id, now).carrying));
+    const standby = new Set([...ids].filter((id) => !verdictOf(id).carrying));
     for (const id of standby) {
       if (this.standby.has(id)) continue;
       this.options.logger.warn(
-        { service: id, reason: this.health.verdict(id, now).standbyReason },
+        { service: id, reason: verdictOf(id).standbyReason },
         'service stands aside: its routes yield to the next',
       );
       this.steppedAside.add(id);
