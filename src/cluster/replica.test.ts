@@ -823,6 +823,40 @@ describe('Replica: merge rules', { timeout: 60_000 }, () => {
     assert.equal(b.store.tombstones().size, 0);
   });
 
+  it('a removed agent takes nothing from a mate that has not heard of it, until it is added again', async () => {
+    // test/sim seed 1179: c crashed holding a service, which was deleted and its tombstone
+    // collected while b was removed; c came back and pushed its stale copy to b, which took it.
+    const [a, b, c] = cluster(3) as [Node, Node, Node];
+    const bId = b.identity.peerId;
+    await a.config.create(serviceInput(a, c), BY);
+    const stale = allRecords(a);
+    for (const n of [b, c]) n.replica.apply(stale);
+    const removal: WireRecord = {
+      key: keyOf('peer', bId),
+      vkey: a.replica.nextVkey(a.store.peer(bId)!.vkey, PEER_RANK.removed),
+      body: null,
+    };
+    b.replica.apply([removal]);
+    assert.equal(b.store.services().length, 0);
+    // A rename of b by a mate unaware of the removal: same epoch, so it does not add b back.
+    const rename = await changes(c, () => {
+      const p = c.store.peer(bId)!;
+      c.store.updatePeer({ ...p, name: 'renamed', vkey: c.replica.nextVkey(p.vkey, peerRank(p)) });
+    });
+    assert.deepEqual(b.replica.apply([...stale, ...rename]).applied, []);
+    assert.equal(b.replica.removedFromCluster, true);
+    assert.equal(b.store.services().length, 0, 'the stale service is not taken');
+    // a adds b again: its record one epoch above the removal, in the same batch as the state.
+    const readd = peerRecord({
+      ...a.store.peer(bId)!,
+      vkey: a.replica.nextVkey(removal.vkey, PEER_RANK.active, 1),
+    });
+    const applied = b.replica.apply([...allRecords(a).filter((r) => r.key !== readd.key), readd]).applied;
+    assert.equal(b.replica.removedFromCluster, false);
+    assert.equal(applied[0]?.key, readd.key, 'its own record first, then the rest');
+    assert.equal(b.store.services().length, 1);
+  });
+
   it('a peer removed and added again brings none of its old services back, told or not, however old they are', async () => {
     for (const [told, ageMs] of [
       [false, 0],

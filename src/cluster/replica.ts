@@ -77,8 +77,11 @@ export class Replica {
       }
     | undefined;
   private cachedBuckets: { digest: Digest; buckets: DigestBuckets } | undefined;
-  /** Set when another agent removed this one; reported by /readyz and logged once. */
-  removedFromCluster = false;
+  /**
+   * The tombstone another agent wrote for this agent's own peer, until it is added again: while
+   * it is set, /readyz reports the removal, gossip logs it once, and merges take nothing else.
+   */
+  private ownRemoval: string | undefined;
 
   constructor(
     private readonly store: Store,
@@ -163,6 +166,27 @@ export class Replica {
         if (current) this.store.setCredentialVkey(this.nextVkey(undefined, current.version));
       }
     });
+  }
+
+  /** Whether another agent removed this one from the cluster (and it was not added again). */
+  get removedFromCluster(): boolean {
+    return this.ownRemoval !== undefined;
+  }
+
+  /**
+   * Out of the cluster, an agent takes nothing from its former mates: those that have not yet
+   * heard of its removal still push to it, and what it took now (it no longer holds the
+   * tombstones of the services it forgot) it would spread again if it were ever added back,
+   * bringing deleted services back (test/sim seed 1179). Only its own peer record from a later
+   * epoch, written when another agent adds it again, lets it back in.
+   */
+  private admits(r: WireRecord): boolean {
+    if (this.ownRemoval === undefined) return true;
+    return (
+      r.key === keyOf('peer', this.localPeerId) &&
+      r.body !== null &&
+      epochOf(r.vkey) > epochOf(this.ownRemoval)
+    );
   }
 
   // --- reading ---------------------------------------------------------------------------------
@@ -306,11 +330,14 @@ export class Replica {
       return held === undefined || r.vkey > held;
     });
     if (fresh.length === 0) return { applied, malformed };
-    const order = (r: WireRecord) => APPLY_ORDER[splitKey(r.key)!.kind];
+    // This agent's own peer record first: when it is added back, the rest of the batch counts.
+    const ownKey = keyOf('peer', this.localPeerId);
+    const order = (r: WireRecord) => (r.key === ownKey ? -1 : APPLY_ORDER[splitKey(r.key)!.kind]);
     fresh.sort((a, b) => order(a) - order(b));
     this.store.transaction(() => {
       if (!this.store.agentState()) return;
       for (const r of fresh) {
+        if (!this.admits(r)) continue;
         const before = this.events && this.held(r.key);
         const outcome = this.applyOne(r);
         if (outcome === 'malformed') malformed++;
@@ -336,8 +363,8 @@ export class Replica {
       if (kind === 'peer' && id === this.localPeerId) {
         // Out of the cluster: its services are deleted everywhere else, so here too, or they
         // would come back from this agent if it is ever added again.
-        if (!this.removedFromCluster) this.forgetServices();
-        this.removedFromCluster = true;
+        if (this.ownRemoval === undefined) this.forgetServices();
+        if (this.ownRemoval === undefined || r.vkey > this.ownRemoval) this.ownRemoval = r.vkey;
         return undefined;
       }
       if (kind === 'peer') this.deletePeerAndServices(id, r.vkey, nowMs, actorOf(r, this.localPeerId));
@@ -371,6 +398,8 @@ export class Replica {
         if (!peerIdMatchesKey({ peer_id: body.id, public_key: body.public_key })) return 'malformed';
         this.store.upsertPeer(fromPeerBody(body, r.vkey));
         this.store.deleteTombstone(r.key);
+        // Only a record from a later epoch than its removal gets here (admits): added again.
+        if (id === this.localPeerId) this.ownRemoval = undefined;
         return r;
       }
       case 'service': {

@@ -85,6 +85,14 @@ interface Ack {
   at: number;
   /** For a service: its peers; their removal deletes it without a tombstone of its own. */
   peers?: [string, string];
+  /** The agent that acknowledged it. */
+  by: number;
+  /**
+   * Set when its agent was removed before any other agent held the write: the cluster refuses
+   * a removed agent's messages, so what it alone held goes with it (seed 1141: a rename made
+   * in a partition, its agent removed from the other side six seconds later).
+   */
+  lostWithRemoval?: boolean;
 }
 
 const ACTOR: EventActor = { client_id: null, agent: 'sim' };
@@ -285,7 +293,14 @@ class Simulation {
           this.trace(`ack ${a.index} ${name} ${k} ${vkey}`);
           if (!vkey) return;
           const deleted = held?.body === null;
-          this.acks.push({ key: k, vkey, deleted, at: this.time.now(), ...(peers ? { peers } : {}) });
+          this.acks.push({
+            key: k,
+            vkey,
+            deleted,
+            at: this.time.now(),
+            by: a.index,
+            ...(peers ? { peers } : {}),
+          });
           if (deleted) this.deletions.set(k, vkey);
         };
         const r = run();
@@ -410,6 +425,18 @@ class Simulation {
           a.peers.remove(victim.id, ACTOR);
           this.removed.add(victim.index);
           this.removals++;
+          for (const ack of this.acks) {
+            if (ack.by !== victim.index) continue;
+            const escaped = this.agents.some((x) => {
+              if (x === victim || this.removed.has(x.index)) return false;
+              const held = x.replica.vkeyOf(ack.key);
+              return held !== undefined && held >= ack.vkey;
+            });
+            if (!escaped) {
+              ack.lostWithRemoval = true;
+              this.trace(`lost-with-removal ${victim.index} ${ack.key} ${ack.vkey}`);
+            }
+          }
         },
       );
     }
@@ -509,6 +536,7 @@ class Simulation {
       for (const ack of this.acks) {
         const held = a.replica.vkeyOf(ack.key);
         if (held !== undefined && held >= ack.vkey) continue;
+        if (ack.lostWithRemoval) continue;
         // A service (or route) goes with a removed peer, without a tombstone of its own.
         if (ack.peers?.some((p) => a.store.tombstone(keyOf('peer', p)))) continue;
         if (ack.key.startsWith('route/') && held === undefined) continue;
