@@ -820,15 +820,19 @@ describe('Replica: merge rules', { timeout: 60_000 }, () => {
     assert.equal(b.replica.removedFromCluster, true);
     assert.ok(b.store.peer(bId), 'b keeps its own row');
     assert.equal(b.store.services().length, 0, 'but not the services: they are deleted everywhere else');
-    assert.equal(b.store.tombstones().size, 0);
+    // Its own tombstone, beside its row, is how a restart remembers the removal.
+    assert.deepEqual([...b.store.tombstones().keys()], [keyOf('peer', bId)]);
+    const restarted = new Replica(b.store, bId, new HybridClock(bId, b.clock), b.clock);
+    restarted.init();
+    assert.equal(restarted.removedFromCluster, true);
   });
 
-  it('a removed agent takes nothing from a mate that has not heard of it, until it is added again', async () => {
+  it('a removed agent takes only deletions from a mate that has not heard of it, until it is added again', async () => {
     // test/sim seed 1179: c crashed holding a service, which was deleted and its tombstone
     // collected while b was removed; c came back and pushed its stale copy to b, which took it.
     const [a, b, c] = cluster(3) as [Node, Node, Node];
     const bId = b.identity.peerId;
-    await a.config.create(serviceInput(a, c), BY);
+    const s = await a.config.create(serviceInput(a, c), BY);
     const stale = allRecords(a);
     for (const n of [b, c]) n.replica.apply(stale);
     const removal: WireRecord = {
@@ -846,15 +850,26 @@ describe('Replica: merge rules', { timeout: 60_000 }, () => {
     assert.deepEqual(b.replica.apply([...stale, ...rename]).applied, []);
     assert.equal(b.replica.removedFromCluster, true);
     assert.equal(b.store.services().length, 0, 'the stale service is not taken');
+    // A deletion is taken (seed 1027: b, restarted, later met the stale copy again).
+    const deletion = await changes(a, () => a.config.delete(s.id, BY));
+    b.replica.apply(deletion);
+    assert.ok(b.store.tombstone(keyOf('service', s.id)));
+    const restarted = new Replica(b.store, bId, new HybridClock(bId, b.clock), b.clock);
+    restarted.init();
+    assert.deepEqual(restarted.apply(stale).applied, [], 'nor after a restart');
+    assert.equal(b.store.services().length, 0);
+    b.replica = restarted;
     // a adds b again: its record one epoch above the removal, in the same batch as the state.
     const readd = peerRecord({
       ...a.store.peer(bId)!,
       vkey: a.replica.nextVkey(removal.vkey, PEER_RANK.active, 1),
     });
+    const c2 = await a.config.create(serviceInput(a, c), BY);
     const applied = b.replica.apply([...allRecords(a).filter((r) => r.key !== readd.key), readd]).applied;
     assert.equal(b.replica.removedFromCluster, false);
     assert.equal(applied[0]?.key, readd.key, 'its own record first, then the rest');
-    assert.equal(b.store.services().length, 1);
+    assert.deepEqual(ids(b), [c2.id]);
+    assert.equal(b.store.tombstone(readd.key), undefined, 'its own tombstone goes');
   });
 
   it('a peer removed and added again brings none of its old services back, told or not, however old they are', async () => {

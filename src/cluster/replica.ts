@@ -78,8 +78,9 @@ export class Replica {
     | undefined;
   private cachedBuckets: { digest: Digest; buckets: DigestBuckets } | undefined;
   /**
-   * The tombstone another agent wrote for this agent's own peer, until it is added again: while
-   * it is set, /readyz reports the removal, gossip logs it once, and merges take nothing else.
+   * The vkey of the tombstone another agent wrote for this agent's own peer, until it is added
+   * again: while it is set, /readyz reports the removal, gossip logs it once, and merges take
+   * only deletions. Stored as a tombstone beside the agent's own row, so a restart keeps it.
    */
   private ownRemoval: string | undefined;
 
@@ -134,6 +135,7 @@ export class Replica {
   init(): void {
     const state = this.store.agentState();
     if (!state) return;
+    this.ownRemoval = this.store.tombstone(keyOf('peer', this.localPeerId))?.vkey;
     const all = [
       ...this.store.peers().map((p) => p.vkey),
       ...this.store.services().map((s) => s.vkey),
@@ -174,14 +176,14 @@ export class Replica {
   }
 
   /**
-   * Out of the cluster, an agent takes nothing from its former mates: those that have not yet
-   * heard of its removal still push to it, and what it took now (it no longer holds the
-   * tombstones of the services it forgot) it would spread again if it were ever added back,
-   * bringing deleted services back (test/sim seed 1179). Only its own peer record from a later
-   * epoch, written when another agent adds it again, lets it back in.
+   * Out of the cluster, an agent takes only deletions from its former mates: those that have not
+   * yet heard of its removal still push to it, and a live record it took now (it holds no
+   * tombstones for the services it forgot) it would spread again if it were ever added back,
+   * bringing deleted services back (test/sim seeds 1179 and 1027). Only its own peer record
+   * from a later epoch, written when another agent adds it again, lets it back in.
    */
   private admits(r: WireRecord): boolean {
-    if (this.ownRemoval === undefined) return true;
+    if (this.ownRemoval === undefined || r.body === null) return true;
     return (
       r.key === keyOf('peer', this.localPeerId) &&
       r.body !== null &&
@@ -364,7 +366,10 @@ export class Replica {
         // Out of the cluster: its services are deleted everywhere else, so here too, or they
         // would come back from this agent if it is ever added again.
         if (this.ownRemoval === undefined) this.forgetServices();
-        if (this.ownRemoval === undefined || r.vkey > this.ownRemoval) this.ownRemoval = r.vkey;
+        if (this.ownRemoval === undefined || r.vkey > this.ownRemoval) {
+          this.ownRemoval = r.vkey;
+          this.store.putTombstone({ key: r.key, vkey: r.vkey, arrivedAt: nowMs });
+        }
         return undefined;
       }
       if (kind === 'peer') this.deletePeerAndServices(id, r.vkey, nowMs, actorOf(r, this.localPeerId));

@@ -511,6 +511,8 @@ class Simulation {
       const seen = this.seenVkeys[a.index]!;
       // Deletions first, against what this agent held before this step.
       for (const [key, tvkey] of this.deletions) {
+        // A removed agent keeps its own row beside its removal's tombstone (docs/gossip.md).
+        if (key === keyOf('peer', a.id)) continue;
         const held = a.replica.held(key);
         if (held && held.body !== null && held.vkey < tvkey && (seen.get(key) ?? '') >= tvkey) {
           this.violate(
