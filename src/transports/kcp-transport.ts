@@ -94,6 +94,16 @@ const CLOSE_COPIES = 3;
 const PING_BYTES = 9;
 /** Convs of closed links remembered per peer (their late datagrams are dropped, not reopened). */
 const RETIRED_CONVS = 16;
+/**
+ * The lower bound of a link's retransmission timeout: 100 ms, not the 30 of ikcp's nodelay. An
+ * agent's event loop delays acks now and then by more than 30 ms (a burst to seal, a relay's
+ * turn), and each such delay retransmitted whole flights that were not lost: over a lossless
+ * veth, a 10 s download through a kcp service made 12,129 timeout retransmissions and not one
+ * fast one; at 100 ms, 1. Losses inside a flight are still repaired by fast retransmit after two
+ * later acks; only a loss at a flight's tail waits the timeout (docs/kcp.md, "Retransmission").
+ */
+export const MIN_RTO_MS = 100;
+
 const DELIVERY_SAMPLES = 16;
 const MIN_SAMPLE_MS = 20;
 
@@ -131,7 +141,7 @@ export interface KcpTransportOptions {
   handshakeTimeoutMs?: number;
   /** INIT is sent again after this long without a RESPONSE. Default 1000. */
   handshakeRetryMs?: number;
-  /** KCP engine parameters (message mode is forced). Default DEFAULT_KCP_PARAMS. */
+  /** KCP engine parameters (message mode is forced). Default DEFAULT_KCP_PARAMS, minRtoMs MIN_RTO_MS. */
   kcp?: Partial<KcpParams>;
   pacing?: PacingOptions;
   /** INIT rate limits (secure-datagram.ts). */
@@ -264,7 +274,7 @@ export class KcpTransport extends TunnelKeeper {
       keepaliveIntervalMs: positive(options.keepaliveIntervalMs ?? 5000, 'keepaliveIntervalMs'),
       deadAfterMs: positive(options.deadAfterMs ?? 15_000, 'deadAfterMs'),
       highWaterMark: options.highWaterMark ?? 256 * 1024,
-      kcp: { ...DEFAULT_KCP_PARAMS, ...options.kcp, stream: false },
+      kcp: { ...DEFAULT_KCP_PARAMS, minRtoMs: MIN_RTO_MS, ...options.kcp, stream: false },
       pacing: {
         enabled: pacing.enabled ?? true,
         gain: positive(pacing.gain ?? 2, 'pacing.gain'),
