@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { Gauge, Registry } from 'prom-client';
-import { arrows, type ServiceLike, samples, serviceState, tunnelLinks } from './topology.js';
+import { arrows, placePeers, type ServiceLike, samples, serviceState, tunnelLinks } from './topology.js';
 
 /** Prometheus text as the agent's own library writes it, with the tunnel metrics' label sets. */
 async function metricsText(
@@ -95,5 +95,31 @@ describe('the console topology model', () => {
     assert.equal(few.arrows.length, 2);
     assert.equal(few.hidden, 1000 - few.arrows[0]!.count - few.arrows[1]!.count);
     assert.ok(few.arrows[0]!.count >= few.arrows[1]!.count, 'the busiest first');
+  });
+
+  it('places up to a hundred peers apart and inside the drawing, names beside them up to 24', () => {
+    const size = 520;
+    for (const count of [1, 2, 3, 24, 25, 33, 100]) {
+      const { at, nodeRadius, labelled } = placePeers(count, size);
+      assert.equal(at.length, count);
+      assert.equal(labelled, count <= 24, `${count} peers labelled`);
+      assert.ok(nodeRadius >= 5, `${count} peers: radius ${nodeRadius}`);
+      for (const p of at) {
+        assert.ok(p.x - nodeRadius >= 0 && p.x + nodeRadius <= size, `${count} peers: x ${p.x} inside`);
+        assert.ok(p.y - nodeRadius >= 0 && p.y + nodeRadius <= size, `${count} peers: y ${p.y} inside`);
+      }
+      // Any two nodes leave a gap between their edges.
+      let closest = Number.POSITIVE_INFINITY;
+      for (let i = 0; i < at.length; i++)
+        for (let j = i + 1; j < at.length; j++)
+          closest = Math.min(closest, Math.hypot(at[i]!.x - at[j]!.x, at[i]!.y - at[j]!.y));
+      if (count > 1)
+        assert.ok(
+          closest > 2 * nodeRadius,
+          `${count} peers: centres ${closest.toFixed(1)} apart, radius ${nodeRadius}`,
+        );
+    }
+    assert.deepEqual(placePeers(1, size).at, [{ x: 260, y: 260 }], 'one peer in the middle');
+    assert.ok(Math.abs(placePeers(4, size).at[0]!.x - 260) < 1e-9, 'the first at the top');
   });
 });

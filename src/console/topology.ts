@@ -109,3 +109,27 @@ export function arrows(services: readonly ServiceLike[], max: number): { arrows:
   const shown = all.slice(0, max);
   return { arrows: shown, hidden: all.slice(max).reduce((n, a) => n + a.count, 0) };
 }
+
+export interface PeerPlacement {
+  /** Centre of each peer's node, by the peers' order, in a square of side `size`. */
+  at: { x: number; y: number }[];
+  /** The nodes' radius: smaller as peers are added, so that a hundred stay apart. */
+  nodeRadius: number;
+  /** Names are drawn beside the nodes up to 24 peers; past that, only in their tooltips. */
+  labelled: boolean;
+}
+
+/** The fewest pixels a node's radius shrinks to; below it a node is hard to point at. */
+const MIN_NODE_RADIUS = 5;
+
+/** Peers on a circle in a `size` square, the first at the top, with room for labels around it. */
+export function placePeers(count: number, size: number): PeerPlacement {
+  const r = count <= 1 ? 0 : size / 2 - 70;
+  const at = Array.from({ length: count }, (_, i) => {
+    const a = (2 * Math.PI * i) / Math.max(1, count) - Math.PI / 2;
+    return { x: size / 2 + r * Math.cos(a), y: size / 2 + r * Math.sin(a) };
+  });
+  // Half the arc between neighbours, less a 2 px gap.
+  const nodeRadius = Math.max(MIN_NODE_RADIUS, Math.min(18, count > 1 ? (Math.PI * r) / count - 2 : 18));
+  return { at, nodeRadius, labelled: count <= 24 };
+}

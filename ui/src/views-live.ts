@@ -1,6 +1,12 @@
 /** The views that watch: overview, topology, events, explain. */
 import { useEffect, useState } from 'preact/hooks';
-import { arrows, serviceState, type TunnelLink, tunnelLinks } from '../../src/console/topology.js';
+import {
+  arrows,
+  placePeers,
+  serviceState,
+  type TunnelLink,
+  tunnelLinks,
+} from '../../src/console/topology.js';
 import { ApiFailure, can, follow, get, getText, withQuery } from './api.js';
 import { ErrorBox, html, shortId, Table } from './ui.js';
 import type { Peer, Service } from './views-config.js';
@@ -95,16 +101,11 @@ export function TopologyView() {
   const metrics = usePoll<string>('/metrics', 2000, getText);
   const list = peers.data ?? [];
   const size = 520;
-  const r = list.length <= 1 ? 0 : size / 2 - 70;
-  const at = new Map(
-    list.map((p, i) => {
-      const a = (2 * Math.PI * i) / Math.max(1, list.length) - Math.PI / 2;
-      return [p.id, { x: size / 2 + r * Math.cos(a), y: size / 2 + r * Math.sin(a) }];
-    }),
-  );
   // A hundred peers stay apart: smaller nodes, and names only in their tooltips past 24.
-  const nodeR = Math.max(5, Math.min(18, list.length > 1 ? (Math.PI * r) / list.length - 2 : 18));
-  const labelled = list.length <= 24;
+  const placement = placePeers(list.length, size);
+  const at = new Map(list.map((p, i) => [p.id, placement.at[i]!]));
+  const nodeR = placement.nodeRadius;
+  const labelled = placement.labelled;
   const state = (p: Peer) =>
     p.is_active === false ? 'inactive' : p.reachable === false ? 'unreachable' : 'reachable';
   const name = (id: string) => {
