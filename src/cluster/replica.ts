@@ -184,11 +184,7 @@ export class Replica {
    */
   private admits(r: WireRecord): boolean {
     if (this.ownRemoval === undefined || r.body === null) return true;
-    return (
-      r.key === keyOf('peer', this.localPeerId) &&
-      r.body !== null &&
-      epochOf(r.vkey) > epochOf(this.ownRemoval)
-    );
+    return r.key === keyOf('peer', this.localPeerId) && epochOf(r.vkey) > epochOf(this.ownRemoval);
   }
 
   // --- reading ---------------------------------------------------------------------------------
