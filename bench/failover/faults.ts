@@ -6,14 +6,14 @@
 import assert from 'node:assert/strict';
 import { HTTP, type MeshNetns, serviceAt, until } from '../../test/helpers/mesh-netns.js';
 import { IP } from '../../test/helpers/netns-topology.js';
-import { cutUp, portBlockUp, tableDown } from './underlay-rules.js';
+import { cutUp, portBlockUp, tableDown } from '../../test/helpers/underlay-rules.js';
 
 /** The clock of the whole bench: epoch ms with a fraction, as client-loop.ts stamps its lines. */
 export const now = () => performance.timeOrigin + performance.now();
 
 export interface FaultContext {
   mesh: MeshNetns;
-  /** The bench's nftables table name for a cut (underlay-rules.ts). */
+  /** The bench's nftables table name for a cut (test/helpers/underlay-rules.ts). */
   cutTable: string;
   /** The preferred exit's service. */
   first: string;

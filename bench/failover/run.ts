@@ -30,7 +30,7 @@
  *   The fault's time: just before the signal (kill9, sigstop), just after the nft or ip command
  *   returned (underlay, lan-down: the fault is surely in effect then).
  * - Loss (DURATION s, 0: none): LOSS_PCT % random loss on both exits' underlay links, each
- *   direction (underlay-rules.ts, numgen, with counters for the real drop rate). Counted: the
+ *   direction (test/helpers/underlay-rules.ts, numgen, with counters for the real drop rate). Counted: the
  *   ingress's health changes (/metrics mesh_dataplane_service_health_changes_total{to}, and its
  *   log lines per service), /metrics mesh_dataplane_service_carrying polled every 500 ms, new
  *   connections not answered through exit. Every switch there is a false one: both exits work.
@@ -60,9 +60,9 @@ import {
   waitUp,
 } from '../../test/helpers/mesh-netns.js';
 import { IP, requireNetnsSupport } from '../../test/helpers/netns-topology.js';
+import { type LossCounters, lossCounters, lossUp, tableDown } from '../../test/helpers/underlay-rules.js';
 import { REPO_ROOT } from '../api/measure.js';
 import { FAULTS, type FaultContext, type FaultKind, now } from './faults.js';
-import { type LossCounters, lossCounters, lossUp, tableDown } from './underlay-rules.js';
 
 const exec = promisify(execFile);
 

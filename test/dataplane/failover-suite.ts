@@ -24,6 +24,14 @@ import {
   waitUp,
 } from '../helpers/mesh-netns.js';
 import { IP, requireNetnsSupport, spawnIn } from '../helpers/netns-topology.js';
+import {
+  cutUp,
+  type LossCounters,
+  lossCounters,
+  lossUp,
+  portBlockUp,
+  tableDown,
+} from '../helpers/underlay-rules.js';
 
 const HOLD_DOWN_MS = 4000;
 /** Generous bounds that still tell a switch from a hang; bench/failover measures the real times. */
@@ -230,20 +238,12 @@ export function failoverSuite(transport: 'tcp' | 'kcp'): void {
     });
 
     it('the underlay between the ingress and the first exit cut (an nftables drop at the exit)', async () => {
-      const nft = (...args: string[]) => mesh.topo.run(mesh.topo.ns.exit, 'nft', args);
+      const { topo } = mesh;
       await trial(
         'underlay cut',
         'tunnel_silent',
-        async () => {
-          await nft('add', 'table', 'inet', 'mdfo_cut');
-          await nft('add', 'chain', 'inet', 'mdfo_cut', 'in', '{ type filter hook input priority -10; }');
-          await nft('add', 'chain', 'inet', 'mdfo_cut', 'out', '{ type filter hook output priority -10; }');
-          await nft('add', 'rule', 'inet', 'mdfo_cut', 'in', 'iifname', 'e1', 'drop');
-          await nft('add', 'rule', 'inet', 'mdfo_cut', 'out', 'oifname', 'e1', 'drop');
-        },
-        async () => {
-          await nft('delete', 'table', 'inet', 'mdfo_cut');
-        },
+        () => cutUp(topo, topo.ns.exit, 'e1', 'mdfo_cut'),
+        () => tableDown(topo, topo.ns.exit, 'mdfo_cut'),
       );
     });
 
@@ -287,27 +287,8 @@ export function failoverSuite(transport: 'tcp' | 'kcp'): void {
       await until('through the first exit', async () => assert.equal(await seenFrom(), IP.exitOut), 30_000);
       const before = changes(await metrics());
       const since = await lastSeq();
-      for (const [ns, dev] of lossy) {
-        const nft = (...args: string[]) => topo.run(ns, 'nft', args);
-        await nft('add', 'table', 'inet', 'mdfo_loss');
-        await nft('add', 'chain', 'inet', 'mdfo_loss', 'in', '{ type filter hook input priority -10; }');
-        await nft('add', 'chain', 'inet', 'mdfo_loss', 'out', '{ type filter hook output priority -10; }');
-        for (const [chain, match] of [
-          ['in', 'iifname'],
-          ['out', 'oifname'],
-        ])
-          await nft(
-            'add',
-            'rule',
-            'inet',
-            'mdfo_loss',
-            chain!,
-            match!,
-            dev,
-            ...'numgen random mod 100 < 5 counter drop'.split(' '),
-          );
-      }
-      let dropped = '';
+      for (const [ns, dev] of lossy) await lossUp(topo, ns, dev, 'mdfo_loss', 5);
+      let dropped: LossCounters | undefined;
       try {
         const until60 = performance.now() + 60_000;
         while (performance.now() < until60) {
@@ -319,20 +300,19 @@ export function failoverSuite(transport: 'tcp' | 'kcp'): void {
           );
           await new Promise((resolve) => setTimeout(resolve, 500));
         }
-        dropped = await topo.run(topo.ns.exit, 'nft', ['list', 'table', 'inet', 'mdfo_loss']);
+        dropped = await lossCounters(topo, topo.ns.exit, 'mdfo_loss');
       } finally {
-        for (const [ns] of lossy)
-          await topo.run(ns, 'nft', ['delete', 'table', 'inet', 'mdfo_loss']).catch(() => '');
+        for (const [ns] of lossy) await tableDown(topo, ns, 'mdfo_loss');
       }
       assert.deepEqual(await switches(since), [], 'no failover or health event under 5 % loss');
       // The loss was real: the exit dropped packets both ways.
-      const counts = [...dropped.matchAll(/packets (\d+)/g)].map((m) => Number(m[1]));
-      assert.equal(counts.length, 2, dropped);
       assert.ok(
-        counts.every((n) => n > 0),
-        `nothing dropped: ${dropped}`,
+        dropped && dropped.in.dropped > 0 && dropped.out.dropped > 0,
+        `nothing dropped: ${JSON.stringify(dropped)}`,
       );
-      console.log(`# 5 % loss for 60 s: no switch; the first exit dropped ${counts.join(' in, ')} out`);
+      console.log(
+        `# 5 % loss for 60 s: no switch; the first exit dropped ${dropped.in.dropped} in, ${dropped.out.dropped} out`,
+      );
     });
 
     it("the ingress's nftables table deleted behind its back: put back, one dataplane.drift_repaired", async () => {
@@ -371,7 +351,6 @@ export function failoverSuite(transport: 'tcp' | 'kcp'): void {
       // The probe asks the destination's second TCP server; the HTTP one stays reachable through
       // the first exit, so only the probe says it is unwell.
       await setCheck({ tcp: `${IP.dest}:${HTTP + 1}`, interval_ms: 200, failures: 3 });
-      const nft = (...args: string[]) => topo.run(topo.ns.dest, 'nft', args);
       try {
         await until(
           'the probe passes at the first exit',
@@ -384,17 +363,11 @@ export function failoverSuite(transport: 'tcp' | 'kcp'): void {
         await trial(
           'probe target blocked',
           'probe_failed',
-          async () => {
-            await nft('add', 'table', 'inet', 'mdfo_probe');
-            await nft('add', 'chain', 'inet', 'mdfo_probe', 'in', '{ type filter hook input priority -10; }');
-            await nft('add', 'rule', 'inet', 'mdfo_probe', 'in', 'tcp', 'dport', String(HTTP + 1), 'drop');
-          },
-          async () => {
-            await nft('delete', 'table', 'inet', 'mdfo_probe');
-          },
+          () => portBlockUp(topo, topo.ns.dest, HTTP + 1, 'mdfo_probe'),
+          () => tableDown(topo, topo.ns.dest, 'mdfo_probe'),
         );
       } finally {
-        await nft('delete', 'table', 'inet', 'mdfo_probe').catch(() => undefined);
+        await tableDown(topo, topo.ns.dest, 'mdfo_probe');
         await setCheck(null);
       }
       const metrics = (await ingress.agent.client.get('/metrics', { token: ingress.token })).text;

@@ -1,12 +1,12 @@
 /**
- * The nftables tables the failover bench (run.ts, faults.ts) puts on an underlay link inside an
- * agent's namespace: a cut (every packet the namespace sends or receives on the link dropped) and
+ * The nftables tables the failover suite (test/dataplane/failover-suite.ts) and bench
+ * (bench/failover/run.ts, faults.ts) put on an underlay link inside an agent's namespace: a cut (every packet the namespace sends or receives on the link dropped) and
  * random loss (`numgen random mod 100 < PCT`, each direction), with counters that give the real
- * drop rate. Each is a table of the bench's own (`inet <name>`), so adding and removing it never
+ * drop rate. Each is a table of the caller's own (`inet <name>`), so adding and removing it never
  * touches the agent's tables. Only the link's own traffic is matched (input and output hooks):
  * the exits forward nothing over their underlay.
  */
-import type { Topology } from '../../test/helpers/netns-topology.js';
+import type { Topology } from './netns-topology.js';
 
 /** Both directions of one link: packets seen and packets dropped by the loss rule. */
 export interface LossCounters {
