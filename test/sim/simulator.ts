@@ -96,6 +96,12 @@ interface Ack {
 }
 
 const ACTOR: EventActor = { client_id: null, agent: 'sim' };
+
+/** Whether `agent` holds the acknowledged write, or a later one that superseded it. */
+function holdsAck(agent: SimAgent, ack: Ack): boolean {
+  const held = agent.replica.vkeyOf(ack.key);
+  return held !== undefined && held >= ack.vkey;
+}
 const START = Date.UTC(2026, 0, 1);
 
 export function replayCommand(o: SimOptions): string {
@@ -427,11 +433,9 @@ class Simulation {
           this.removals++;
           for (const ack of this.acks) {
             if (ack.by !== victim.index) continue;
-            const escaped = this.agents.some((x) => {
-              if (x === victim || this.removed.has(x.index)) return false;
-              const held = x.replica.vkeyOf(ack.key);
-              return held !== undefined && held >= ack.vkey;
-            });
+            const escaped = this.agents.some(
+              (x) => x !== victim && !this.removed.has(x.index) && holdsAck(x, ack),
+            );
             if (!escaped) {
               ack.lostWithRemoval = true;
               this.trace(`lost-with-removal ${victim.index} ${ack.key} ${ack.vkey}`);
@@ -536,9 +540,8 @@ class Simulation {
     const live = this.live();
     for (const a of live) {
       for (const ack of this.acks) {
+        if (holdsAck(a, ack) || ack.lostWithRemoval) continue;
         const held = a.replica.vkeyOf(ack.key);
-        if (held !== undefined && held >= ack.vkey) continue;
-        if (ack.lostWithRemoval) continue;
         // A service (or route) goes with a removed peer, without a tombstone of its own.
         if (ack.peers?.some((p) => a.store.tombstone(keyOf('peer', p)))) continue;
         if (ack.key.startsWith('route/') && held === undefined) continue;
