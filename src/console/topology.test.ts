@@ -1,7 +1,15 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { Gauge, Registry } from 'prom-client';
-import { arrows, placePeers, type ServiceLike, samples, serviceState, tunnelLinks } from './topology.js';
+import {
+  arrows,
+  carryingServices,
+  placePeers,
+  type ServiceLike,
+  samples,
+  serviceState,
+  tunnelLinks,
+} from './topology.js';
 
 /** Prometheus text as the agent's own library writes it, with the tunnel metrics' label sets. */
 async function metricsText(
@@ -54,18 +62,32 @@ describe('the console topology model', () => {
   });
 
   it('tells active, standby (not carrying after failover) and inactive services apart', () => {
-    const s = (health: ServiceLike['health'], is_active = true): ServiceLike => ({
-      id: 's',
+    const metrics = [
+      '# HELP mesh_dataplane_service_carrying 1 while the service carries its routes',
+      '# TYPE mesh_dataplane_service_carrying gauge',
+      'mesh_dataplane_service_carrying{service_id="svc_up"} 1',
+      'mesh_dataplane_service_carrying{service_id="svc_aside"} 0',
+      'mesh_tunnel_up{peer_id="b",transport="tcp"} 0',
+    ].join('\n');
+    const carrying = carryingServices(metrics);
+    assert.deepEqual(
+      [...carrying],
+      [
+        ['svc_up', true],
+        ['svc_aside', false],
+      ],
+    );
+    const s = (id: string, is_active = true): ServiceLike => ({
+      id,
       source_peer_id: 'a',
       target_peer_id: 'b',
       is_active,
-      health,
     });
-    assert.equal(serviceState(s(undefined)), 'active', 'no data plane: configured, so active');
-    assert.equal(serviceState(s(null)), 'active');
-    assert.equal(serviceState(s({ carrying: true })), 'active');
-    assert.equal(serviceState(s({ carrying: false, reason: 'tunnel_silent' })), 'standby');
-    assert.equal(serviceState(s({ carrying: true }, false)), 'inactive');
+    assert.equal(serviceState(s('svc_up'), carrying), 'active');
+    assert.equal(serviceState(s('svc_aside'), carrying), 'standby');
+    assert.equal(serviceState(s('svc_aside', false), carrying), 'inactive');
+    assert.equal(serviceState(s('svc_other'), carrying), 'active', 'not its ingress, or no data plane');
+    assert.equal(serviceState(s('svc_aside'), new Map()), 'active', 'no /metrics read');
   });
 
   it('draws a thousand services as one arrow per ingress, exit and state, bounded', () => {
@@ -75,10 +97,10 @@ describe('the console topology model', () => {
         id: `svc_${i}`,
         source_peer_id: 'ingress',
         target_peer_id: `exit-${i % 3}`,
-        health: { carrying: i % 10 !== 0 },
       });
     }
-    const all = arrows(services, 100);
+    const carrying = new Map(services.map((s, i) => [s.id, i % 10 !== 0]));
+    const all = arrows(services, carrying, 100);
     assert.equal(all.arrows.length, 6, '3 exits × active and standby');
     assert.equal(all.hidden, 0);
     assert.equal(
@@ -91,7 +113,7 @@ describe('the console topology model', () => {
       100,
     );
     assert.ok(all.arrows.every((a) => a.ids.length <= 5));
-    const few = arrows(services, 2);
+    const few = arrows(services, carrying, 2);
     assert.equal(few.arrows.length, 2);
     assert.equal(few.hidden, 1000 - few.arrows[0]!.count - few.arrows[1]!.count);
     assert.ok(few.arrows[0]!.count >= few.arrows[1]!.count, 'the busiest first');

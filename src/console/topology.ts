@@ -67,16 +67,28 @@ export interface ServiceLike {
   source_peer_id: string;
   target_peer_id: string;
   is_active?: boolean;
-  /** On the ingress agent with a data plane (failover): whether its routes take the traffic. */
-  health?: { carrying?: boolean; reason?: string | null } | null;
+}
+
+/**
+ * Whether failover lets each service carry its routes, from `mesh_dataplane_service_carrying`
+ * in a /metrics answer: its series exist on an ingress that runs a data plane, for the services
+ * it is the ingress of, and nowhere else. The list GET /v1/services has no health: its body is
+ * rendered once per store generation, and a switch changes no record.
+ */
+export function carryingServices(metricsText: string): Map<string, boolean> {
+  const m = samples(metricsText, ['mesh_dataplane_service_carrying']);
+  return new Map(
+    (m.get('mesh_dataplane_service_carrying') ?? []).map((s) => [s.labels.service_id ?? '', s.value === 1]),
+  );
 }
 
 /** active: carries its routes; standby: stands aside after failover; inactive: an end left. */
 export type ServiceState = 'active' | 'standby' | 'inactive';
 
-export function serviceState(s: ServiceLike): ServiceState {
+/** A service's state; `carrying` from carryingServices (empty where nothing is known). */
+export function serviceState(s: ServiceLike, carrying: ReadonlyMap<string, boolean>): ServiceState {
   if (s.is_active === false) return 'inactive';
-  return s.health?.carrying === false ? 'standby' : 'active';
+  return carrying.get(s.id) === false ? 'standby' : 'active';
 }
 
 export interface Arrow {
@@ -92,10 +104,14 @@ export interface Arrow {
  * One arrow per (ingress, exit, state), the busiest first, at most `max`; `hidden` counts the
  * services of the arrows left out. The ids kept per arrow are bounded too (for its tooltip).
  */
-export function arrows(services: readonly ServiceLike[], max: number): { arrows: Arrow[]; hidden: number } {
+export function arrows(
+  services: readonly ServiceLike[],
+  carrying: ReadonlyMap<string, boolean>,
+  max: number,
+): { arrows: Arrow[]; hidden: number } {
   const byKey = new Map<string, Arrow>();
   for (const s of services) {
-    const state = serviceState(s);
+    const state = serviceState(s, carrying);
     const key = `${s.source_peer_id}\n${s.target_peer_id}\n${state}`;
     let a = byKey.get(key);
     if (!a) {

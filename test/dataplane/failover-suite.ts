@@ -11,13 +11,17 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
+import { ADMIN } from '../../src/domain/scopes.js';
+import { show, signIn } from '../helpers/console-page.js';
 import { eventsOf } from '../helpers/event-reads.js';
+import { launchIsolatedChromium } from '../helpers/isolated-chromium.js';
 import {
   APPS,
   createService,
   HTTP,
   type MeshNetns,
   meshNetnsUp,
+  PORT,
   serviceAt,
   UDP,
   until,
@@ -436,5 +440,130 @@ export function failoverSuite(transport: 'tcp' | 'kcp'): void {
         }),
       );
     });
+
+    // The console (docs/console.md) against this live data plane, in Chromium: both tunnels with
+    // their round-trip times, the first service drawn standby while its exit is down, and its
+    // throughput against its limit. tcp only: the drawing differs by transport in a label only,
+    // which src/console/topology.test.ts checks.
+    if (transport === 'tcp')
+      it('the console draws the live tunnels, a switched-away service as standby, and throughput', async () => {
+        const { ingress, exit, exit2, topo } = mesh;
+        const credential = await ingress.agent.client.post('/v1/credentials', {
+          token: ingress.token,
+          json: { scopes: [ADMIN] },
+        });
+        assert.equal(credential.status, 201, credential.text);
+        const chromium = await launchIsolatedChromium([PORT], topo.mgmt.ingress);
+        try {
+          const context = await chromium.browser.newContext({ viewport: { width: 1280, height: 860 } });
+          context.setDefaultTimeout(15_000);
+          const page = await context.newPage();
+          await signIn(
+            page,
+            `http://127.0.0.1:${PORT}`,
+            credential.body.client_id,
+            credential.body.client_secret,
+          );
+          await show(page, 'topology');
+          const tunnelRow = (peer: string) =>
+            page.locator(`[aria-label="tunnels"] tbody tr[data-peer-id="${peer}"][data-transport="tcp"]`);
+          const arrowTo = (peer: string) => page.locator(`svg.topology path.svc[data-to="${peer}"]`);
+          const summary = page.getByTestId('topology-summary');
+          for (const peer of [exit.peerId, exit2.peerId]) {
+            await until(
+              `the tunnel to ${peer} drawn up, with its round-trip time`,
+              async () => {
+                assert.equal(await tunnelRow(peer).getAttribute('data-state'), 'up');
+                assert.match((await tunnelRow(peer).locator('td').nth(3).textContent()) ?? '', /^[\d.]+ ms$/);
+                assert.equal(await arrowTo(peer).getAttribute('data-state'), 'active');
+              },
+              10_000,
+            );
+          }
+          assert.equal(await page.locator('svg.topology g.tunnel.up').count(), 2);
+          assert.match(
+            (await summary.textContent()) ?? '',
+            /3 peers · 2\/2 tunnels up · 2 services as 2 arrows$/,
+          );
+
+          await exit.agent.kill9();
+          try {
+            await until(
+              'the tunnel to the killed exit drawn down, its service standby',
+              async () => {
+                assert.equal(await tunnelRow(exit.peerId).getAttribute('data-state'), 'down');
+                assert.equal(await arrowTo(exit.peerId).getAttribute('data-state'), 'standby');
+                assert.equal(await arrowTo(exit2.peerId).getAttribute('data-state'), 'active');
+                assert.match((await summary.textContent()) ?? '', /1\/2 tunnels up .* · 1 standby/);
+              },
+              MOVE_WITHIN_MS,
+            );
+          } finally {
+            await exit.agent.restart();
+          }
+          await waitUp(first, exit);
+          await until(
+            'the first service drawn active again after the hold-down',
+            async () => {
+              assert.equal(await tunnelRow(exit.peerId).getAttribute('data-state'), 'up');
+              assert.equal(await arrowTo(exit.peerId).getAttribute('data-state'), 'active');
+            },
+            30_000,
+          );
+
+          // Throughput: the first service limited to 20 Mbit/s, a download through it, its chart.
+          const limit = async (mbps: number) => {
+            const res = await ingress.agent.client.put(`/v1/services/${first}`, {
+              token: ingress.token,
+              json: { bandwidth_limit_mbps: mbps },
+            });
+            assert.equal(res.status, 200, res.text);
+          };
+          await limit(20);
+          try {
+            await show(page, 'services');
+            await page
+              .locator(`tr[data-service-id="${first}"]`)
+              .getByRole('button', { name: 'Open' })
+              .click();
+            const chart = page.locator(`.detail[data-service-id="${first}"]`).getByTestId('throughput');
+            await until(
+              'the limit in the chart',
+              async () => assert.match((await chart.textContent()) ?? '', /limit 20 Mbit\/s/),
+              10_000,
+            );
+            // 10 MB at 20 Mbit/s: about 4 s, two of the chart's 2 s readings.
+            const download = topo.run(
+              topo.ns.client,
+              'curl',
+              ['-sS', '-o', '/dev/null', '--max-time', '30', `http://${IP.dest}:${HTTP}/bytes?n=10000000`],
+              35_000,
+            );
+            let peakIn = 0;
+            await until(
+              'the download in the chart',
+              async () => {
+                const caption = (await chart.locator('figcaption').textContent()) ?? '';
+                const inbound = Number(/in ([\d.]+) Mbit\/s/.exec(caption)?.[1] ?? 0);
+                peakIn = Math.max(peakIn, inbound);
+                assert.ok(inbound > 5, caption);
+              },
+              15_000,
+            );
+            await download;
+            console.log(
+              `# console: the chart showed ${peakIn.toFixed(1)} Mbit/s in against a 20 Mbit/s limit`,
+            );
+            assert.ok(peakIn < 20 * 1.5, `${peakIn} Mbit/s drawn against a limit of 20`);
+            assert.equal(await chart.locator('line.limit').count(), 1);
+            assert.ok((await chart.locator('polyline.in').getAttribute('points'))?.includes(','));
+          } finally {
+            await limit(0);
+          }
+          assert.equal(await page.getByRole('alert').count(), 0);
+        } finally {
+          await chromium.close();
+        }
+      });
   });
 }

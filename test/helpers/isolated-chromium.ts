@@ -65,8 +65,11 @@ export interface IsolatedChromium {
   close(): Promise<void>;
 }
 
-/** Launches Chromium in a fresh namespace where 127.0.0.1:PORT, for each port, is the host's. */
-export async function launchIsolatedChromium(ports: number[]): Promise<IsolatedChromium> {
+/**
+ * Launches Chromium in a fresh namespace where 127.0.0.1:PORT, for each port, is `host`:PORT in
+ * the test's namespace (an agent in a namespace of its own is reached at its management address).
+ */
+export async function launchIsolatedChromium(ports: number[], host = '127.0.0.1'): Promise<IsolatedChromium> {
   const ns = Netns.create('mesh-browser');
   const dir = mkdtempSync(join(tmpdir(), 'mesh-browser-'));
   const servers: Server[] = [];
@@ -78,7 +81,7 @@ export async function launchIsolatedChromium(ports: number[]): Promise<IsolatedC
   try {
     for (const port of ports) {
       const server = createServer((inner) => {
-        const agent = connect(port, '127.0.0.1', () => {
+        const agent = connect(port, host, () => {
           inner.write(ACCEPTED);
           inner.pipe(agent).pipe(inner);
         });

@@ -1,9 +1,9 @@
-/** Small shared pieces of the console: markup, actions guarded by scope, errors, pages. */
+/** Small shared pieces of the console: markup, actions guarded by scope, errors, pages, polls. */
 import htm from 'htm';
 import { type ComponentChildren, h } from 'preact';
-import { useState } from 'preact/hooks';
+import { useEffect, useState } from 'preact/hooks';
 import type { ScopeName } from '../../src/domain/scopes.js';
-import { ApiFailure, can } from './api.js';
+import { ApiFailure, can, get } from './api.js';
 
 export const html = htm.bind(h);
 
@@ -128,3 +128,36 @@ export function Table(props: { label: string; children: ComponentChildren }) {
 }
 
 export const shortId = (id: string) => (id.length > 14 ? `${id.slice(0, 12)}…` : id);
+
+/** Reads `path` now and every `everyMs`, while the view is shown. */
+export function usePoll<T>(
+  path: string | undefined,
+  everyMs: number,
+  read: (path: string) => Promise<T> = get<T>,
+): { data: T | undefined; error: unknown } {
+  const [data, setData] = useState<T | undefined>(undefined);
+  const [error, setError] = useState<unknown>(undefined);
+  useEffect(() => {
+    if (!path) return;
+    let live = true;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const tick = async () => {
+      try {
+        const r = await read(path);
+        if (live) {
+          setData(r);
+          setError(undefined);
+        }
+      } catch (e) {
+        if (live) setError(e);
+      }
+      if (live) timer = setTimeout(tick, everyMs);
+    };
+    tick();
+    return () => {
+      live = false;
+      clearTimeout(timer);
+    };
+  }, [path, everyMs]);
+  return { data, error };
+}

@@ -1,9 +1,21 @@
 /** The views that change the configuration: peers, services and routes, credentials. */
 
 import { useEffect, useState } from 'preact/hooks';
-import { serviceState } from '../../src/console/topology.js';
-import { ApiFailure, call, get, SCOPE_NAMES, SCOPE_PREFIX, withQuery } from './api.js';
-import { Action, Confirm, ErrorBox, Field, fieldOf, html, Submit, shortId, Table, usePages } from './ui.js';
+import { carryingServices, serviceState } from '../../src/console/topology.js';
+import { ApiFailure, call, get, getText, SCOPE_NAMES, SCOPE_PREFIX, withQuery } from './api.js';
+import {
+  Action,
+  Confirm,
+  ErrorBox,
+  Field,
+  fieldOf,
+  html,
+  Submit,
+  shortId,
+  Table,
+  usePages,
+  usePoll,
+} from './ui.js';
 
 export interface Peer {
   id: string;
@@ -586,6 +598,9 @@ export function ServicesView() {
   const [filter, setFilter] = useState({ source_peer_id: '', target_peer_id: '', requires_interface: '' });
   const { items, error, reload } = useList<Service>(withQuery('/v1/services', filter));
   const peers = useList<Peer>('/v1/peers');
+  // Which services failover set aside, as the topology reads it (src/console/topology.ts).
+  const metrics = usePoll<string>('/metrics', 5000, getText);
+  const carrying = metrics.data === undefined ? new Map<string, boolean>() : carryingServices(metrics.data);
   const [open, setOpen] = useState<string | undefined>(undefined);
   const [creating, setCreating] = useState(false);
   const { shown, pager } = usePages(items ?? []);
@@ -636,7 +651,7 @@ export function ServicesView() {
                 <td>${s.transport_type}${s.fully_transparent ? ' · transparent' : ''}${s.requires_interface ? ' · interface' : ''}</td>
                 <td>${s.bandwidth_limit_mbps ? `${s.bandwidth_limit_mbps} Mbit/s` : 'unlimited'}</td>
                 <td>${s.route_count ?? ''}</td>
-                <td><span class=${`state ${{ active: 'reachable', standby: 'unreachable', inactive: 'inactive' }[serviceState(s)]}`} title=${s.health?.reason ?? ''}>${serviceState(s)}</span></td>
+                <td><span class=${`state ${{ active: 'reachable', standby: 'unreachable', inactive: 'inactive' }[serviceState(s, carrying)]}`}>${serviceState(s, carrying)}</span></td>
                 <td><button type="button" onClick=${() => {
                   setOpen(s.id);
                   setCreating(false);

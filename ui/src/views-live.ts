@@ -2,47 +2,15 @@
 import { useEffect, useState } from 'preact/hooks';
 import {
   arrows,
+  carryingServices,
   placePeers,
   serviceState,
   type TunnelLink,
   tunnelLinks,
 } from '../../src/console/topology.js';
 import { ApiFailure, can, follow, get, getText, withQuery } from './api.js';
-import { ErrorBox, html, shortId, Table } from './ui.js';
+import { ErrorBox, html, shortId, Table, usePoll } from './ui.js';
 import type { Peer, Service } from './views-config.js';
-
-/** Reads `path` now and every `everyMs`, while the view is shown. */
-function usePoll<T>(
-  path: string | undefined,
-  everyMs: number,
-  read: (path: string) => Promise<T> = get<T>,
-): { data: T | undefined; error: unknown } {
-  const [data, setData] = useState<T | undefined>(undefined);
-  const [error, setError] = useState<unknown>(undefined);
-  useEffect(() => {
-    if (!path) return;
-    let live = true;
-    let timer: ReturnType<typeof setTimeout> | undefined;
-    const tick = async () => {
-      try {
-        const r = await read(path);
-        if (live) {
-          setData(r);
-          setError(undefined);
-        }
-      } catch (e) {
-        if (live) setError(e);
-      }
-      if (live) timer = setTimeout(tick, everyMs);
-    };
-    tick();
-    return () => {
-      live = false;
-      clearTimeout(timer);
-    };
-  }, [path, everyMs]);
-  return { data, error };
-}
 
 function Pairs(props: { value: Record<string, unknown> }) {
   return html`<dl class="pairs">${Object.entries(props.value).map(
@@ -114,9 +82,10 @@ export function TopologyView() {
   };
   const self = list.find((p) => p.is_local);
   const tunnels = metrics.data === undefined ? [] : tunnelLinks(metrics.data);
+  const carrying = metrics.data === undefined ? new Map<string, boolean>() : carryingServices(metrics.data);
   const all = services.data ?? [];
-  const drawn = arrows(all, MAX_ARROWS);
-  const standby = all.filter((s) => serviceState(s) === 'standby').length;
+  const drawn = arrows(all, carrying, MAX_ARROWS);
+  const standby = all.filter((s) => serviceState(s, carrying) === 'standby').length;
   const rtt = (t: TunnelLink) =>
     t.rttMs === null ? 'no RTT yet' : `${t.rttMs < 10 ? t.rttMs.toFixed(1) : Math.round(t.rttMs)} ms`;
   const summary = `${list.length} peers · ${tunnels.filter((t) => t.up).length}/${tunnels.length} tunnels up · ${all.length} services as ${drawn.arrows.length} arrows`;
@@ -159,7 +128,7 @@ export function TopologyView() {
         };
         const [from, to] = [edge(a), edge(b)];
         const what = `${s.count} ${s.state} service${s.count === 1 ? '' : 's'} ${name(s.from)} → ${name(s.to)}: ${s.ids.join(', ')}${s.count > s.ids.length ? ', …' : ''}`;
-        return html`<path class=${`svc ${s.state}`} data-state=${s.state} data-count=${s.count} style=${`stroke-width:${Math.min(8, 2 + Math.log2(s.count))}`}
+        return html`<path class=${`svc ${s.state}`} data-from=${s.from} data-to=${s.to} data-state=${s.state} data-count=${s.count} style=${`stroke-width:${Math.min(8, 2 + Math.log2(s.count))}`}
           d=${`M ${from.x} ${from.y} Q ${mx} ${my} ${to.x} ${to.y}`} marker-end=${`url(#arrow-${s.state})`}><title>${what}</title></path>
           ${s.count > 1 ? html`<text x=${mx} y=${my} text-anchor="middle" class="count">${s.count}</text>` : null}`;
       })}
