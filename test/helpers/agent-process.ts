@@ -226,7 +226,7 @@ export class AgentProcess {
 
 /** Bootstraps the agent with a fresh license of the vendor; returns the first credential. */
 export async function bootstrap(
-  agent: AgentProcess,
+  agent: Pick<AgentProcess, 'client'>,
   vendor: Vendor,
   overrides: Parameters<Vendor['sign']>[0] = {},
 ): Promise<{ clientId: string; clientSecret: string; body: Record<string, unknown> }> {
