@@ -4,6 +4,7 @@ import { Gauge, Registry } from 'prom-client';
 import {
   arrows,
   carryingServices,
+  NODE_STROKE,
   placePeers,
   type ServiceLike,
   samples,
@@ -130,15 +131,16 @@ describe('the console topology model', () => {
         assert.ok(p.x - nodeRadius >= 0 && p.x + nodeRadius <= size, `${count} peers: x ${p.x} inside`);
         assert.ok(p.y - nodeRadius >= 0 && p.y + nodeRadius <= size, `${count} peers: y ${p.y} inside`);
       }
-      // Any two nodes leave a gap between their edges.
+      // Any two nodes leave a gap between their edges, outlines included.
+      const drawn = nodeRadius + NODE_STROKE / 2;
       let closest = Number.POSITIVE_INFINITY;
       for (let i = 0; i < at.length; i++)
         for (let j = i + 1; j < at.length; j++)
           closest = Math.min(closest, Math.hypot(at[i]!.x - at[j]!.x, at[i]!.y - at[j]!.y));
       if (count > 1)
         assert.ok(
-          closest > 2 * nodeRadius,
-          `${count} peers: centres ${closest.toFixed(1)} apart, radius ${nodeRadius}`,
+          closest > 2 * drawn + 1,
+          `${count} peers: centres ${closest.toFixed(1)} apart, drawn radius ${drawn}`,
         );
     }
     assert.deepEqual(placePeers(1, size).at, [{ x: 260, y: 260 }], 'one peer in the middle');

@@ -137,15 +137,22 @@ export interface PeerPlacement {
 
 /** The fewest pixels a node's radius shrinks to; below it a node is hard to point at. */
 const MIN_NODE_RADIUS = 5;
+/** The width of a node's outline, half of it outside the radius: two nodes need that much more. */
+export const NODE_STROKE = 2;
 
-/** Peers on a circle in a `size` square, the first at the top, with room for labels around it. */
+/**
+ * Peers on a circle in a `size` square, the first at the top, with room for labels around it
+ * while there are labels, and for the nodes alone past that.
+ */
 export function placePeers(count: number, size: number): PeerPlacement {
-  const r = count <= 1 ? 0 : size / 2 - 70;
+  const labelled = count <= 24;
+  const r = count <= 1 ? 0 : size / 2 - (labelled ? 70 : 24);
   const at = Array.from({ length: count }, (_, i) => {
     const a = (2 * Math.PI * i) / Math.max(1, count) - Math.PI / 2;
     return { x: size / 2 + r * Math.cos(a), y: size / 2 + r * Math.sin(a) };
   });
-  // Half the arc between neighbours, less a 2 px gap.
-  const nodeRadius = Math.max(MIN_NODE_RADIUS, Math.min(18, count > 1 ? (Math.PI * r) / count - 2 : 18));
-  return { at, nodeRadius, labelled: count <= 24 };
+  // Half the arc between neighbours, less the outline and a 2 px gap.
+  const arcRadius = (Math.PI * r) / count - NODE_STROKE / 2 - 2;
+  const nodeRadius = Math.max(MIN_NODE_RADIUS, Math.min(18, count > 1 ? arcRadius : 18));
+  return { at, nodeRadius, labelled };
 }

@@ -3,6 +3,7 @@ import { useEffect, useState } from 'preact/hooks';
 import {
   arrows,
   carryingServices,
+  NODE_STROKE,
   placePeers,
   serviceState,
   type TunnelLink,
@@ -135,7 +136,7 @@ export function TopologyView() {
       ${list.map((p) => {
         const pos = at.get(p.id)!;
         return html`<g class=${`node ${state(p)}`}>
-          <circle cx=${pos.x} cy=${pos.y} r=${nodeR}><title>${p.name || p.address}: ${state(p)}</title></circle>
+          <circle cx=${pos.x} cy=${pos.y} r=${nodeR} stroke-width=${NODE_STROKE}><title>${p.name || p.address}: ${state(p)}</title></circle>
           ${labelled ? html`<text x=${pos.x} y=${pos.y + nodeR + 16} text-anchor="middle">${p.name || p.address}</text>` : null}
         </g>`;
       })}
