@@ -4,6 +4,10 @@
  * socket, and no data plane. A Node process takes about a second of CPU to start; a check that
  * needs a hundred peers, each made by the real handshake, would spend minutes on that alone.
  * Tests that kill, stop or restart an agent, or read its log, use AgentProcess.
+ *
+ * What stopping leaves behind: prom-client's default collectors (a GC observer and an event-loop
+ * delay monitor per agent's registry), which prom-client cannot stop. In an agent's own process
+ * they end with it; here they stay until the test process exits, idle but for a callback per GC.
  */
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -46,8 +50,11 @@ export async function startInProcessAgent(vendor: Vendor): Promise<InProcessAgen
       port,
       client: new ApiClient(`http://127.0.0.1:${port}`),
       async stop() {
-        await agent.stop();
-        rmSync(dataDir, { recursive: true, force: true });
+        try {
+          await agent.stop();
+        } finally {
+          rmSync(dataDir, { recursive: true, force: true });
+        }
       },
     };
   } catch (err) {

@@ -42,7 +42,10 @@ export interface Service {
   route_count?: number;
   is_active?: boolean;
   health_check?: { tcp?: string; icmp?: string; interval_ms: number; failures: number } | null;
-  /** At the ingress with a data plane (failover, docs/dataplane.md). */
+  /**
+   * In GET /v1/services/{id} only, at the ingress with a data plane (failover, docs/dataplane.md);
+   * the list has none: carryingServices reads its state from /metrics.
+   */
   health?: { state?: string; reason?: string | null; carrying?: boolean } | null;
   routes?: Route[];
 }
@@ -639,7 +642,7 @@ export function ServicesView() {
           <option value="">any</option><option value="true">with interface</option><option value="false">without</option>
         </select></div>
     </form>
-    <${ErrorBox} error=${error ?? peers.error} />
+    <${ErrorBox} error=${error ?? peers.error ?? metrics.error} />
     ${
       items
         ? html`<${Table} label="services">
