@@ -24,6 +24,7 @@ import {
   meshNetnsUp,
   PORT,
   serviceAt,
+  setBandwidthLimit,
   UDP,
   until,
   waitUp,
@@ -530,20 +531,8 @@ export function failoverSuite(transport: 'tcp' | 'kcp'): void {
           );
 
           // Throughput: the first service limited to 20 Mbit/s, a download through it, its chart.
-          // The exit shapes the download: the limit is pushed to it and read back before any byte.
-          const limit = async (mbps: number) => {
-            const res = await ingress.agent.client.put(`/v1/services/${first}`, {
-              token: ingress.token,
-              json: { bandwidth_limit_mbps: mbps },
-            });
-            assert.equal(res.status, 200, res.text);
-            await ingress.agent.client.post('/v1/cluster/sync', { token: ingress.token });
-            await until(
-              `the limit of ${mbps} Mbit/s at the exit`,
-              async () => assert.equal((await serviceAt(exit, first)).bandwidth_limit_mbps, mbps),
-              10_000,
-            );
-          };
+          // The exit shapes the download: it holds the limit before any byte.
+          const limit = (mbps: number) => setBandwidthLimit(ingress, exit, first, mbps);
           await limit(20);
           try {
             await show(page, 'services');

@@ -20,6 +20,7 @@ import {
   type MeshNetns,
   meshNetnsUp,
   removeService as remove,
+  setBandwidthLimit,
   UDP,
   underlayCapture,
   until,
@@ -313,16 +314,8 @@ export function trafficSuite(transport: 'tcp' | 'kcp', prefix: string, index: nu
       assert.ok((s.streams_refused as number) >= 1, JSON.stringify(s));
     });
 
-    /** Sets the NAT service's bandwidth limit and pushes it to both agents at once. */
-    const limit = async (mbps: number) => {
-      const res = await ingress.agent.client.put(`/v1/services/${nat}`, {
-        token: ingress.token,
-        json: { bandwidth_limit_mbps: mbps },
-      });
-      assert.equal(res.status, 200, res.text);
-      await ingress.agent.client.post('/v1/cluster/sync', { token: ingress.token });
-      await exit.agent.client.post('/v1/cluster/sync', { token: exit.token });
-    };
+    /** Sets the NAT service's bandwidth limit, held by both agents when it returns. */
+    const limit = (mbps: number) => setBandwidthLimit(ingress, exit, nat, mbps);
 
     it('holds bandwidth_limit_mbps in each direction, fair between flows; 0 is unlimited', async (t) => {
       const measured: string[] = [];

@@ -165,6 +165,25 @@ export async function serviceAt(node: Node, id: string) {
   return res.body as Record<string, unknown> & { dataplane: Record<string, unknown> };
 }
 
+/**
+ * Sets a service's bandwidth limit through its ingress, pushes it to the exit at once and waits
+ * until the exit holds it: each direction is shaped by the agent that sends it.
+ */
+export async function setBandwidthLimit(ingress: Node, exit: Node, id: string, mbps: number): Promise<void> {
+  const res = await ingress.agent.client.put(`/v1/services/${id}`, {
+    token: ingress.token,
+    json: { bandwidth_limit_mbps: mbps },
+  });
+  assert.equal(res.status, 200, res.text);
+  await ingress.agent.client.post('/v1/cluster/sync', { token: ingress.token });
+  await exit.agent.client.post('/v1/cluster/sync', { token: exit.token });
+  await until(
+    `the limit of ${mbps} Mbit/s at the exit`,
+    async () => assert.equal((await serviceAt(exit, id)).bandwidth_limit_mbps, mbps),
+    10_000,
+  );
+}
+
 /** The `dataplane` extra field of a service on a node. */
 export const dataplaneOf = async (node: Node, id: string) => (await serviceAt(node, id)).dataplane;
 
