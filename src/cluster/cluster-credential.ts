@@ -57,7 +57,10 @@ export interface RotatedClusterCredential extends ClusterCredentialView {
 
 export class ClusterCredential {
   private derived:
-    | { generation: number; keys: { kid: string; key: Buffer; untilMs: number | null }[] }
+    | {
+        secrets: readonly ClusterSecretRecord[];
+        keys: { kid: string; key: Buffer; untilMs: number | null }[];
+      }
     | undefined;
 
   constructor(
@@ -132,17 +135,17 @@ export class ClusterCredential {
 
   /**
    * Keys this agent may MAC gossip with, current first: the current and every graced one. Every
-   * gossip message sent, opened or answered asks for them, so the derived keys are kept until the
-   * store is next written (bench/cluster: reading and deriving them per message was 8 % of the
+   * gossip message sent, opened or answered asks for them, so the derived keys are kept while the
+   * store's cached cluster keys are the same (bench/cluster: reading and deriving them per message was 8 % of the
    * CPU of a 50-agent cluster); only the expiry check runs each time. A new array each call.
    */
   macKeys(): MacKey[] {
     const nowMs = this.clock.now();
-    const generation = this.store.generation;
-    if (this.derived?.generation !== generation) {
+    const secrets = this.store.clusterSecrets();
+    if (this.derived?.secrets !== secrets) {
       this.derived = {
-        generation,
-        keys: this.store.clusterSecrets().map((s) => ({
+        secrets,
+        keys: secrets.map((s) => ({
           kid: s.kid,
           key: macKeyOf(s.secretHash),
           untilMs: s.validUntil === null ? null : Date.parse(s.validUntil),

@@ -82,6 +82,52 @@ describe('Store reads from its snapshot', () => {
     s.close();
   });
 
+  it('keeps the tables a write did not touch, and rereads the ones it did', () => {
+    const s = open();
+    s.insertPeer(peer('a'));
+    s.insertPeer(peer('b'));
+    const peers = s.peers();
+    const keys = s.clusterSecrets();
+    s.insertService(service('svc'));
+    assert.equal(s.peers(), peers, 'a service write rereads the peers');
+    assert.equal(s.clusterSecrets(), keys, 'a service write rereads the cluster keys');
+    const key = (kid: string, validUntil: string | null) => ({
+      kid,
+      version: 1,
+      clientId: 'cluster',
+      secretHash: Buffer.alloc(32, kid.charCodeAt(0)),
+      rotatedBy: 'a',
+      rotatedAt: T,
+      validUntil,
+      replicated: true,
+    });
+    s.insertClusterSecret(key('k1', null));
+    assert.deepEqual(
+      s.clusterSecrets().map((k) => k.kid),
+      ['k1'],
+    );
+    s.rotateClusterSecret({ ...key('k2', null), version: 2 }, 'k1', '2026-01-02T00:00:00.000Z', 'v2');
+    assert.deepEqual(
+      s.clusterSecrets().map((k) => [k.kid, k.validUntil]),
+      [
+        ['k2', null],
+        ['k1', '2026-01-02T00:00:00.000Z'],
+      ],
+    );
+    s.deleteExpiredClusterSecrets('2026-01-03T00:00:00.000Z');
+    assert.deepEqual(
+      s.clusterSecrets().map((k) => k.kid),
+      ['k2'],
+    );
+    // A cascade rereads what it reached: the peer's services and their routes.
+    assert.equal(s.serviceCount(), 1);
+    s.deletePeer('b');
+    assert.equal(s.serviceCount(), 0);
+    assert.equal(s.service('svc'), undefined);
+    assert.equal(s.peers().length, 1);
+    s.close();
+  });
+
   it('keeps health_check as canonical JSON through insert, update and upsert, and after a reopen', () => {
     const file = join(mkdtempSync(join(tmpdir(), 'store-')), 'db');
     const s = new Store(file);

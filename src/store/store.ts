@@ -159,21 +159,26 @@ const toClusterSecret = (r: ClusterSecretRow): ClusterSecretRecord => ({
   replicated: r.replicated === 1,
 });
 
-/** The configuration as of the last write: see Store.snap(). */
-interface Snapshot {
-  state: AgentState | undefined;
-  peers: PeerRecord[];
-  peerById: Map<string, PeerRecord>;
-  activePeerIds: string[];
-  services: ServiceRecord[];
-  serviceById: Map<string, ServiceRecord>;
-  /** `source target` -> service id. */
-  servicePairs: Map<string, string>;
-  routesByService: Map<string, RouteRecord[]>;
-  routeById: Map<number, RouteRecord>;
+/**
+ * The configuration as of the last write, table by table: see Store.cached(). Each table is read
+ * on its first use after a write to it, so a gossip merge that writes one service leaves the
+ * peers, the credentials and the cluster keys cached.
+ */
+interface Cached {
+  state: { value: AgentState | undefined };
+  peers: { list: PeerRecord[]; byId: Map<string, PeerRecord>; activeIds: string[] };
+  services: {
+    list: ServiceRecord[];
+    byId: Map<string, ServiceRecord>;
+    /** `source target` -> service id. */
+    pairs: Map<string, string>;
+  };
+  routes: { byService: Map<string, RouteRecord[]>; byId: Map<number, RouteRecord> };
   credentials: Map<string, CredentialRecord>;
+  clusterKeys: ClusterSecretRecord[];
   tombstones: Map<string, TombstoneRecord>;
 }
+type Table = keyof Cached;
 
 export interface BootstrapRecords {
   state: AgentState;
@@ -185,7 +190,7 @@ export interface BootstrapRecords {
 export class Store {
   readonly db: Db;
   private readonly stmts;
-  private snapshot: Snapshot | undefined;
+  private readonly cache: Partial<Cached> = {};
   private writes = 0;
   private readonly writeListeners: (() => void)[] = [];
   /** What waits for the outermost transaction under way to commit: see afterCommit(). */
@@ -358,9 +363,9 @@ export class Store {
     } finally {
       // A nested transaction that rolled back (a savepoint) takes its callbacks with it.
       if (!committed) this.commitQueue.length = queued;
-      // Committed or rolled back, a snapshot taken meanwhile may not be what is stored.
+      // Each write inside dropped what it touched from the cache (write()), and reads inside a
+      // transaction do not fill it: committed or rolled back, what is cached is what is stored.
       if (this.stmts.totalChanges.get() !== changesBefore) {
-        this.snapshot = undefined;
         this.writes++;
         // Once, when the outermost ends: see onWrite().
         if (outermost) this.notifyWrite();
@@ -395,53 +400,68 @@ export class Store {
   }
 
   /**
-   * Reads outside a transaction come from an in-memory snapshot of the configuration, built on
-   * the first read after a write and dropped by every write. Through this binding a 100-row read
-   * costs about 0.3 ms on the benchmark machine, which made GET /v1/services cost a millisecond
-   * (bench/api); the tables are small (bounded by the license) and only this process writes
-   * them. Reads inside a transaction go to SQLite, so they see that transaction's own writes.
-   * Returned records are shared: read them, never change them.
+   * Reads outside a transaction come from an in-memory copy of each table, read on the first
+   * read after a write to that table and dropped by every write to it. Through this binding a
+   * 100-row read costs about 0.3 ms on the benchmark machine, which made GET /v1/services cost a
+   * millisecond (bench/api); the tables are small (bounded by the license) and only this process
+   * writes them. Per table, because gossip writes often and narrowly: rebuilding every table
+   * after each merge was a sixth of a simulated cluster's CPU (test/sim). Reads inside a
+   * transaction go to SQLite, so they see that transaction's own writes. Returned records are
+   * shared: read them, never change them.
    */
-  private snap(): Snapshot {
-    if (!this.snapshot) {
-      const peers = (this.stmts.peers.all() as PeerRow[]).map(toPeer);
-      const services = (this.stmts.allServices.all() as ServiceRow[]).map(toService);
-      const routes = (this.stmts.allRoutes.all() as RouteRow[]).map(toRoute);
-      const routesByService = new Map<string, RouteRecord[]>();
-      for (const r of routes) {
-        const list = routesByService.get(r.serviceId) ?? [];
-        list.push(r);
-        routesByService.set(r.serviceId, list);
-      }
-      const credentials = (this.stmts.credentials.all() as CredentialRow[]).map(toCredential);
-      this.snapshot = {
-        state: this.readState(),
-        peers,
-        peerById: new Map(peers.map((p) => [p.id, p])),
-        activePeerIds: peers.filter((p) => p.isActive).map((p) => p.id),
-        services,
-        serviceById: new Map(services.map((x) => [x.id, x])),
-        servicePairs: new Map(services.map((x) => [`${x.sourcePeerId} ${x.targetPeerId}`, x.id])),
-        routesByService,
-        routeById: new Map(routes.map((r) => [r.id, r])),
-        credentials: new Map(credentials.map((c) => [c.clientId, c])),
-        tombstones: new Map(
-          (this.stmts.tombstones.all() as { key: string; vkey: string; arrived_at: number }[]).map((t) => [
-            t.key,
-            { key: t.key, vkey: t.vkey, arrivedAt: t.arrived_at },
-          ]),
-        ),
-      };
-    }
-    return this.snapshot;
+  private cached<T extends Table>(table: T): Cached[T] {
+    const held = this.cache[table];
+    if (held !== undefined) return held as Cached[T];
+    const loaded = this.load[table]();
+    this.cache[table] = loaded;
+    return loaded;
   }
 
-  /** Every write goes through here, so no snapshot outlives a change. */
-  private write<T>(fn: () => T, replicated = true): T {
+  private readonly load: { [T in Table]: () => Cached[T] } = {
+    state: () => ({ value: this.readState() }),
+    peers: () => {
+      const list = (this.stmts.peers.all() as PeerRow[]).map(toPeer);
+      return {
+        list,
+        byId: new Map(list.map((p) => [p.id, p])),
+        activeIds: list.filter((p) => p.isActive).map((p) => p.id),
+      };
+    },
+    services: () => {
+      const list = (this.stmts.allServices.all() as ServiceRow[]).map(toService);
+      return {
+        list,
+        byId: new Map(list.map((x) => [x.id, x])),
+        pairs: new Map(list.map((x) => [`${x.sourcePeerId} ${x.targetPeerId}`, x.id])),
+      };
+    },
+    routes: () => {
+      const routes = (this.stmts.allRoutes.all() as RouteRow[]).map(toRoute);
+      const byService = new Map<string, RouteRecord[]>();
+      for (const r of routes) {
+        const list = byService.get(r.serviceId) ?? [];
+        list.push(r);
+        byService.set(r.serviceId, list);
+      }
+      return { byService, byId: new Map(routes.map((r) => [r.id, r])) };
+    },
+    credentials: () =>
+      new Map(
+        (this.stmts.credentials.all() as CredentialRow[]).map(toCredential).map((c) => [c.clientId, c]),
+      ),
+    clusterKeys: () => (this.stmts.clusterSecrets.all() as ClusterSecretRow[]).map(toClusterSecret),
+    tombstones: () => new Map(this.readTombstones().map((t) => [t.key, t])),
+  };
+
+  /**
+   * Every write goes through here, naming the tables it may change (with what a foreign key
+   * cascades to), so no cached table outlives a change.
+   */
+  private write<T>(tables: readonly Table[], fn: () => T, replicated = true): T {
     try {
       return fn();
     } finally {
-      this.snapshot = undefined;
+      for (const t of tables) delete this.cache[t];
       this.writes++;
       // API credentials are local to the agent (docs/decisions.md §5): nothing for gossip to do.
       // Inside a transaction, transaction() tells when it ends.
@@ -460,7 +480,7 @@ export class Store {
   // --- agent state -------------------------------------------------------------------------
 
   agentState(): AgentState | undefined {
-    return this.db.inTransaction ? this.readState() : this.snap().state;
+    return this.db.inTransaction ? this.readState() : this.cached('state').value;
   }
 
   private readState(): AgentState | undefined {
@@ -493,21 +513,23 @@ export class Store {
   bootstrap(records: BootstrapRecords): void {
     const { state, localPeer, firstCredential, clusterSecret } = records;
     this.transaction(() => {
-      this.stmts.insertState.run(
-        JSON.stringify(state.license),
-        state.license.license_id,
-        state.license.customer_id,
-        state.license.issued_at,
-        state.license.expires_at,
-        state.license.max_nodes,
-        state.license.max_services,
-        state.localPeerId,
-        state.clusterId,
-        state.description,
-        state.bootstrappedAt,
-        state.clusterCreatedBy,
-        state.clusterVkey,
-        state.credentialVkey,
+      this.write(['state'], () =>
+        this.stmts.insertState.run(
+          JSON.stringify(state.license),
+          state.license.license_id,
+          state.license.customer_id,
+          state.license.issued_at,
+          state.license.expires_at,
+          state.license.max_nodes,
+          state.license.max_services,
+          state.localPeerId,
+          state.clusterId,
+          state.description,
+          state.bootstrappedAt,
+          state.clusterCreatedBy,
+          state.clusterVkey,
+          state.credentialVkey,
+        ),
       );
       this.insertPeer(localPeer);
       this.insertCredential(firstCredential);
@@ -516,56 +538,58 @@ export class Store {
   }
 
   setCluster(clusterId: string, createdBy: string, vkey: string): void {
-    this.write(() => this.stmts.setCluster.run(clusterId, createdBy, vkey));
+    this.write(['state'], () => this.stmts.setCluster.run(clusterId, createdBy, vkey));
   }
 
   // --- peers -------------------------------------------------------------------------------
 
   peer(id: string): PeerRecord | undefined {
-    if (!this.db.inTransaction) return this.snap().peerById.get(id);
+    if (!this.db.inTransaction) return this.cached('peers').byId.get(id);
     const row = this.stmts.peerById.get(id) as PeerRow | undefined;
     return row && toPeer(row);
   }
 
   /** Ordered by created_at, then id. */
   peers(): readonly PeerRecord[] {
-    return this.db.inTransaction ? (this.stmts.peers.all() as PeerRow[]).map(toPeer) : this.snap().peers;
+    return this.db.inTransaction
+      ? (this.stmts.peers.all() as PeerRow[]).map(toPeer)
+      : this.cached('peers').list;
   }
 
   activePeerIds(): readonly string[] {
-    if (!this.db.inTransaction) return this.snap().activePeerIds;
+    if (!this.db.inTransaction) return this.cached('peers').activeIds;
     return (this.stmts.activePeerIds.all() as { id: string }[]).map((r) => r.id);
   }
 
   insertPeer(p: PeerRecord): void {
-    this.write(() => this.stmts.insertPeer.run({ ...p, isActive: p.isActive ? 1 : 0 }));
+    this.write(['peers'], () => this.stmts.insertPeer.run({ ...p, isActive: p.isActive ? 1 : 0 }));
   }
 
   /** Writes every field of the peer except id, public key and created_at. */
   updatePeer(p: PeerRecord): void {
-    this.write(() => this.stmts.updatePeer.run({ ...p, isActive: p.isActive ? 1 : 0 }));
+    this.write(['peers'], () => this.stmts.updatePeer.run({ ...p, isActive: p.isActive ? 1 : 0 }));
   }
 
   /** Inserts or overwrites a peer received by gossip (public key and id never change). */
   upsertPeer(p: PeerRecord): void {
-    this.write(() => this.stmts.upsertPeer.run({ ...p, isActive: p.isActive ? 1 : 0 }));
+    this.write(['peers'], () => this.stmts.upsertPeer.run({ ...p, isActive: p.isActive ? 1 : 0 }));
   }
 
   /** Deletes the peer and, by cascade, every service (and its routes) that involves it. */
   deletePeer(id: string): boolean {
-    return this.write(() => this.stmts.deletePeer.run(id).changes === 1);
+    return this.write(['peers', 'services', 'routes'], () => this.stmts.deletePeer.run(id).changes === 1);
   }
 
   // --- services ----------------------------------------------------------------------------
 
   service(id: string): ServiceRecord | undefined {
-    if (!this.db.inTransaction) return this.snap().serviceById.get(id);
+    if (!this.db.inTransaction) return this.cached('services').byId.get(id);
     const row = this.stmts.serviceById.get(id) as ServiceRow | undefined;
     return row && toService(row);
   }
 
   serviceIdForPair(sourcePeerId: string, targetPeerId: string): string | undefined {
-    if (!this.db.inTransaction) return this.snap().servicePairs.get(`${sourcePeerId} ${targetPeerId}`);
+    if (!this.db.inTransaction) return this.cached('services').pairs.get(`${sourcePeerId} ${targetPeerId}`);
     return (this.stmts.servicePair.get(sourcePeerId, targetPeerId) as { id: string } | undefined)?.id;
   }
 
@@ -573,7 +597,7 @@ export class Store {
   services(filter: ServiceFilter = {}): ServiceRecord[] {
     const all = this.db.inTransaction
       ? (this.stmts.allServices.all() as ServiceRow[]).map(toService)
-      : this.snap().services;
+      : this.cached('services').list;
     return all.filter(
       (x) =>
         (filter.sourcePeerId === undefined || x.sourcePeerId === filter.sourcePeerId) &&
@@ -583,7 +607,7 @@ export class Store {
   }
 
   serviceCount(): number {
-    if (!this.db.inTransaction) return this.snap().services.length;
+    if (!this.db.inTransaction) return this.cached('services').list.length;
     return (this.stmts.serviceCount.get() as { n: number }).n;
   }
 
@@ -592,91 +616,98 @@ export class Store {
   }
 
   insertService(s: ServiceRecord): void {
-    this.write(() => this.stmts.insertService.run(serviceParams(s)));
+    this.write(['services'], () => this.stmts.insertService.run(serviceParams(s)));
   }
 
   /** Inserts or overwrites a service received by gossip (its peers never change). */
   upsertService(s: ServiceRecord): void {
-    this.write(() => this.stmts.upsertService.run(serviceParams(s)));
+    this.write(['services'], () => this.stmts.upsertService.run(serviceParams(s)));
   }
 
   /** Writes the fields PUT may change, plus version and updated_at. */
   updateService(s: ServiceRecord): void {
-    this.write(() => this.stmts.updateService.run(serviceParams(s)));
+    this.write(['services'], () => this.stmts.updateService.run(serviceParams(s)));
   }
 
   /** Deletes the service and, by cascade, its routes. */
   deleteService(id: string): boolean {
-    return this.write(() => this.stmts.deleteService.run(id).changes === 1);
+    return this.write(['services', 'routes'], () => this.stmts.deleteService.run(id).changes === 1);
   }
 
   // --- routes ------------------------------------------------------------------------------
 
   /** Ordered by priority, then id. */
   routesOf(serviceId: string): readonly RouteRecord[] {
-    if (!this.db.inTransaction) return this.snap().routesByService.get(serviceId) ?? [];
+    if (!this.db.inTransaction) return this.cached('routes').byService.get(serviceId) ?? [];
     return (this.stmts.routesOf.all(serviceId) as RouteRow[]).map(toRoute);
   }
 
   route(id: number): RouteRecord | undefined {
-    if (!this.db.inTransaction) return this.snap().routeById.get(id);
+    if (!this.db.inTransaction) return this.cached('routes').byId.get(id);
     const row = this.stmts.routeById.get(id) as RouteRow | undefined;
     return row && toRoute(row);
   }
 
   insertRoute(r: RouteRecord): void {
-    this.write(() => this.stmts.insertRoute.run(r));
+    this.write(['routes'], () => this.stmts.insertRoute.run(r));
   }
 
   upsertRoute(r: RouteRecord): void {
-    this.write(() => this.stmts.upsertRoute.run(r));
+    this.write(['routes'], () => this.stmts.upsertRoute.run(r));
   }
 
   updateRoute(r: RouteRecord): void {
-    this.write(() => this.stmts.updateRoute.run(r));
+    this.write(['routes'], () => this.stmts.updateRoute.run(r));
   }
 
   deleteRoute(id: number): boolean {
-    return this.write(() => this.stmts.deleteRoute.run(id).changes === 1);
+    return this.write(['routes'], () => this.stmts.deleteRoute.run(id).changes === 1);
   }
 
   // --- API credentials ---------------------------------------------------------------------
 
   /** Read on every authenticated request (the revocation check): from the snapshot. */
   credential(clientId: string): Readonly<CredentialRecord> | undefined {
-    if (!this.db.inTransaction) return this.snap().credentials.get(clientId);
+    if (!this.db.inTransaction) return this.cached('credentials').get(clientId);
     const row = this.stmts.credentialById.get(clientId) as CredentialRow | undefined;
     return row && toCredential(row);
   }
 
   /** Ordered by created_at, then client_id. */
   credentials(): Readonly<CredentialRecord>[] {
-    if (!this.db.inTransaction) return [...this.snap().credentials.values()];
+    if (!this.db.inTransaction) return [...this.cached('credentials').values()];
     return (this.stmts.credentials.all() as CredentialRow[]).map(toCredential);
   }
 
   insertCredential(c: CredentialRecord): void {
-    this.write(() => this.stmts.insertCredential.run({ ...c, scopes: JSON.stringify(c.scopes) }), false);
+    this.write(
+      ['credentials'],
+      () => this.stmts.insertCredential.run({ ...c, scopes: JSON.stringify(c.scopes) }),
+      false,
+    );
   }
 
   /** Returns false when there was no such credential. */
   deleteCredential(clientId: string): boolean {
-    return this.write(() => this.stmts.deleteCredential.run(clientId).changes === 1, false);
+    return this.write(['credentials'], () => this.stmts.deleteCredential.run(clientId).changes === 1, false);
   }
 
   touchCredential(clientId: string, at: string): void {
-    this.write(() => this.stmts.touchCredential.run(at, clientId), false);
+    this.write(['credentials'], () => this.stmts.touchCredential.run(at, clientId), false);
   }
 
   // --- cluster credential ------------------------------------------------------------------
 
-  /** Newest first. */
-  clusterSecrets(): ClusterSecretRecord[] {
+  /** The current key first, then the newest: see the statement. */
+  clusterSecrets(): readonly ClusterSecretRecord[] {
+    if (!this.db.inTransaction) return this.cached('clusterKeys');
     return (this.stmts.clusterSecrets.all() as ClusterSecretRow[]).map(toClusterSecret);
   }
 
   insertClusterSecret(s: ClusterSecretRecord): void {
-    this.write(() => this.stmts.upsertClusterSecret.run({ ...s, replicated: s.replicated ? 1 : 0 }));
+    this.write(['clusterKeys'], () =>
+      this.stmts.upsertClusterSecret.run({ ...s, replicated: s.replicated ? 1 : 0 }),
+    );
   }
 
   /** Makes `next` current and starts the grace period of the one it replaces, in one transaction. */
@@ -687,9 +718,9 @@ export class Store {
     vkey: string,
   ): void {
     this.transaction(() => {
-      this.stmts.retireClusterSecret.run(graceUntil, previousKid);
+      this.write(['clusterKeys'], () => this.stmts.retireClusterSecret.run(graceUntil, previousKid));
       this.insertClusterSecret(next);
-      this.stmts.setCredentialVkey.run(vkey);
+      this.setCredentialVkey(vkey);
     });
   }
 
@@ -699,7 +730,7 @@ export class Store {
    * merge, our former cluster mates keep using them until gossip reaches them).
    */
   adoptClusterSecrets(keys: readonly ClusterSecretRecord[], vkey: string, localGraceUntil: string): void {
-    this.write(() => {
+    this.write(['clusterKeys', 'state'], () => {
       this.stmts.demoteClusterSecrets.run({ until: localGraceUntil });
       for (const k of keys) this.stmts.upsertClusterSecret.run({ ...k, replicated: 1 });
       this.stmts.setCredentialVkey.run(vkey);
@@ -708,28 +739,31 @@ export class Store {
 
   /** Forgets keys whose grace period ended before `before`. */
   deleteExpiredClusterSecrets(before: string): number {
-    return this.write(() => this.stmts.deleteExpiredClusterSecrets.run(before).changes);
+    return this.write(['clusterKeys'], () => this.stmts.deleteExpiredClusterSecrets.run(before).changes);
   }
 
   setCredentialVkey(vkey: string): void {
-    this.write(() => this.stmts.setCredentialVkey.run(vkey));
+    this.write(['state'], () => this.stmts.setCredentialVkey.run(vkey));
   }
 
   // --- tombstones --------------------------------------------------------------------------
 
   tombstones(): ReadonlyMap<string, TombstoneRecord> {
-    if (!this.db.inTransaction) return this.snap().tombstones;
-    return new Map(
-      (this.stmts.tombstones.all() as { key: string; vkey: string; arrived_at: number }[]).map((t) => [
-        t.key,
-        { key: t.key, vkey: t.vkey, arrivedAt: t.arrived_at },
-      ]),
-    );
+    if (!this.db.inTransaction) return this.cached('tombstones');
+    return new Map(this.readTombstones().map((t) => [t.key, t]));
+  }
+
+  private readTombstones(): TombstoneRecord[] {
+    return (this.stmts.tombstones.all() as { key: string; vkey: string; arrived_at: number }[]).map((t) => ({
+      key: t.key,
+      vkey: t.vkey,
+      arrivedAt: t.arrived_at,
+    }));
   }
 
   /** One tombstone by key: a single-row read inside a transaction, where merges look keys up. */
   tombstone(key: string): TombstoneRecord | undefined {
-    if (!this.db.inTransaction) return this.snap().tombstones.get(key);
+    if (!this.db.inTransaction) return this.cached('tombstones').get(key);
     const t = this.stmts.tombstoneByKey.get(key) as
       | { key: string; vkey: string; arrived_at: number }
       | undefined;
@@ -737,10 +771,10 @@ export class Store {
   }
 
   putTombstone(t: TombstoneRecord): void {
-    this.write(() => this.stmts.putTombstone.run(t));
+    this.write(['tombstones'], () => this.stmts.putTombstone.run(t));
   }
 
   deleteTombstone(key: string): boolean {
-    return this.write(() => this.stmts.deleteTombstone.run(key).changes === 1);
+    return this.write(['tombstones'], () => this.stmts.deleteTombstone.run(key).changes === 1);
   }
 }
