@@ -32,9 +32,8 @@ export function bucketize(entries: ReadonlyMap<string, string>): DigestBuckets {
   const split: [string, string][][] = Array.from({ length: DIGEST_BUCKETS }, () => []);
   for (const entry of entries) split[bucketOf(entry[0])]!.push(entry);
   const hashes = split.map((bucket) => {
-    const hash = createHash('sha256');
-    for (const line of bucket.map(([key, vkey]) => `${key} ${vkey}\n`).sort()) hash.update(line);
-    return hash.digest().subarray(0, 9).toString('base64url');
+    const lines = bucket.map(([key, vkey]) => `${key} ${vkey}\n`).sort();
+    return createHash('sha256').update(lines.join('')).digest().subarray(0, 9).toString('base64url');
   });
   return { hashes, entries: split };
 }

@@ -150,12 +150,7 @@ export function open(raw: unknown, ctx: OpenContext): Opened {
 }
 
 function macOf(key: Buffer, kid: string, payload: string): string {
-  return createHmac('sha256', key)
-    .update(CONTEXT)
-    .update(kid)
-    .update('\n')
-    .update(payload)
-    .digest('base64url');
+  return createHmac('sha256', key).update(`${CONTEXT}${kid}\n${payload}`).digest('base64url');
 }
 
 function signingInput(kid: string, mac: string, payload: string): Buffer {

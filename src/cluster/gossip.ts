@@ -656,9 +656,10 @@ export class Gossip {
     if (reply.status !== 200) {
       throw new GossipRefused(refusalReason(reply.body) ?? `status ${reply.status}`);
     }
-    metrics.bytes.labels('received').inc(JSON.stringify(reply.body).length);
     const opened = this.open(reply.body);
     if (!opened.ok) throw new InvalidReply(opened.reason);
+    // Counted as handle() counts a request: the payload and a flat 200 bytes (docs/metrics.md).
+    metrics.bytes.labels('received').inc((reply.body as Envelope).payload.length + 200);
     const p = opened.payload;
     if (p.from !== peer.id || p.re !== nonce || p.type !== `${type}-reply`) {
       this.deps.metrics.rejected.labels('malformed').inc();

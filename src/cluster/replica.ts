@@ -301,9 +301,7 @@ export class Replica {
       }
     }
     const lines = [...entries].map(([k, v]) => `${k} ${v}\n`).sort();
-    const hash = createHash('sha256');
-    for (const line of lines) hash.update(line);
-    const digest = { root: hash.digest('base64url'), entries };
+    const digest = { root: createHash('sha256').update(lines.join('')).digest('base64url'), entries };
     this.cachedDigest = { generation: this.store.generation, cutoff, firstTombstoneWall, digest };
     return digest;
   }
