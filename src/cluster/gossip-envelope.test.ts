@@ -326,6 +326,19 @@ describe('ReplayGuard', { timeout: 30_000 }, () => {
     assert.equal(g.first('a', 'n', NOW + 20, NOW + 11), true);
   });
 
+  it('prune never forgets a live nonce that arrived before an expired one', () => {
+    // The sender's clock stepped back: the later nonce expires first. Prune stops at the live
+    // one; the expired one behind it stays (memory, not safety) until the live one has gone.
+    const g = new ReplayGuard();
+    g.first('a', 'live', NOW + 1000, NOW);
+    g.first('a', 'stepped-back', NOW + 10, NOW);
+    g.prune(NOW + 11);
+    assert.equal(g.first('a', 'live', NOW + 2000, NOW + 11), false, 'live: still remembered');
+    assert.equal(g.first('a', 'stepped-back', NOW + 2000, NOW + 11), false, 'kept behind the live one');
+    g.prune(NOW + 3000);
+    assert.equal(g.first('a', 'stepped-back', NOW + 4000, NOW + 3000), true, 'gone once the live one went');
+  });
+
   it('bounds memory under a flood: a sender cannot exceed its bound', () => {
     const g = new ReplayGuard(50);
     let accepted = 0;
