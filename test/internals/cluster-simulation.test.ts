@@ -5,7 +5,7 @@
  * the same trace; and each invariant, broken on purpose by an injected part, is caught.
  *
  * SIM_SEEDS sets how many seeds the sweep runs, on one worker thread per core (default 40: about
- * 180 CPU-seconds; the issue's 200 take about 5 minutes of 2 free cores, docs/gossip.md "The
+ * 150 CPU-seconds for the file; the issue's 200 took 379 s of 2 free cores, docs/gossip.md "The
  * simulator").
  */
 import assert from 'node:assert/strict';
