@@ -83,6 +83,8 @@ export class Replica {
    * only deletions. Stored as a tombstone beside the agent's own row, so a restart keeps it.
    */
   private ownRemoval: string | undefined;
+  /** The key of this agent's own peer record. */
+  private readonly ownKey: string;
 
   constructor(
     private readonly store: Store,
@@ -92,7 +94,9 @@ export class Replica {
     readonly tombstoneHorizonMs: number = DEFAULT_TOMBSTONE_HORIZON_MS,
     /** Where each change's config event goes (docs/events.md); without it, none is recorded. */
     private readonly events?: EventLog,
-  ) {}
+  ) {
+    this.ownKey = keyOf('peer', localPeerId);
+  }
 
   /**
    * Runs a local write of the record at `key` (which `write` gives a new vkey, or a tombstone)
@@ -135,7 +139,7 @@ export class Replica {
   init(): void {
     const state = this.store.agentState();
     if (!state) return;
-    this.ownRemoval = this.store.tombstone(keyOf('peer', this.localPeerId))?.vkey;
+    this.ownRemoval = this.store.tombstone(this.ownKey)?.vkey;
     const all = [
       ...this.store.peers().map((p) => p.vkey),
       ...this.store.services().map((s) => s.vkey),
@@ -184,7 +188,7 @@ export class Replica {
    */
   private admits(r: WireRecord): boolean {
     if (this.ownRemoval === undefined || r.body === null) return true;
-    return r.key === keyOf('peer', this.localPeerId) && epochOf(r.vkey) > epochOf(this.ownRemoval);
+    return r.key === this.ownKey && epochOf(r.vkey) > epochOf(this.ownRemoval);
   }
 
   // --- reading ---------------------------------------------------------------------------------
@@ -327,8 +331,7 @@ export class Replica {
     });
     if (fresh.length === 0) return { applied, malformed };
     // This agent's own peer record first: when it is added back, the rest of the batch counts.
-    const ownKey = keyOf('peer', this.localPeerId);
-    const order = (r: WireRecord) => (r.key === ownKey ? -1 : APPLY_ORDER[splitKey(r.key)!.kind]);
+    const order = (r: WireRecord) => (r.key === this.ownKey ? -1 : APPLY_ORDER[splitKey(r.key)!.kind]);
     fresh.sort((a, b) => order(a) - order(b));
     this.store.transaction(() => {
       if (!this.store.agentState()) return;
