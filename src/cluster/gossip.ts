@@ -837,7 +837,8 @@ export class Gossip {
    */
   private heardFrom(peerId: string, incarnation?: number): void {
     this.fd.heardFrom(peerId, incarnation);
-    if (this.heardSinceStart.has(peerId)) return;
+    // Reported by a running member only, as its rounds would.
+    if (!this.running || this.departed || this.heardSinceStart.has(peerId)) return;
     const l = this.fd.liveness(peerId);
     // Not a member (yet): the detector keeps nothing of it, and it is reported once it is one.
     if (!l || l.lastSeenAt === null) return;
