@@ -476,83 +476,78 @@ export function trafficSuite(transport: 'tcp' | 'kcp', prefix: string, index: nu
       t.diagnostic(`Mbit/s measured: ${measured.join('; ')}; unlimited ${free.toFixed(0)}`);
     });
 
-    // tcp only. Through a kcp service this case passed once, on its first attempts, after the
-    // minimum RTO went to 100 ms (docs/kcp.md, "Retransmission"); before, the 30 ms RTO's spurious
-    // retransmissions made tails of 100 to 300 ms. One run is not yet a case for CI, whose time
-    // it would take 90 s of; and the unlimited control still waits 40 to 110 ms behind the KCP
-    // send window for the first seconds of a bulk flow (docs/dataplane.md).
-    const lowLatency =
-      'keeps latency low beside a bulk transfer under a 10 Mbit/s limit: HTTP and ping, up and down';
-    if (transport === 'kcp') it.todo(`${lowLatency} (kcp: one passing run, not yet in CI)`);
-    else
-      it(lowLatency, async (t) => {
-        const pings = (count: number) => pingTimes(topo.run, topo.ns.client, IP.dest, count);
-        const requests = (count: number) => requestTimes(topo.run, topo.ns.client, IP.dest, HTTP, count);
-        /** A bulk transfer of `seconds` at well over the limit, in the background. */
-        const bulk = (direction: 'up' | 'down', seconds: number) =>
-          bulkTransfer(
-            topo.run,
-            topo.ns.client,
-            IP.dest,
-            HTTP,
-            direction,
-            Math.round((100e6 / 8) * seconds),
-            seconds,
-          );
-        const measured: string[] = [];
-        /**
-         * What a bulk flow adds to the latency of pings and small requests beside it: the same
-         * number of samples idle and loaded, p50 against p50 (a standing queue moves the median) and
-         * p99 against p99 (on two cores shared with other tests a stall of 100 ms or more now and
-         * then hits idle and loaded samples alike; compared so, it does not count as the queue's).
-         */
-        const added = async (direction: 'up' | 'down') => {
-          const [idlePings, idleRequests] = await Promise.all([pings(30), requests(20)]);
-          const running = bulk(direction, 10);
-          await new Promise((resolve) => setTimeout(resolve, 1500));
-          const [loadedPings, loadedRequests] = await Promise.all([pings(30), requests(20)]);
-          await running;
-          const result = {
-            pingMedian: p50(loadedPings) - p50(idlePings),
-            ping: p99(loadedPings) - p99(idlePings),
-            httpMedian: p50(loadedRequests) - p50(idleRequests),
-            http: p99(loadedRequests) - p99(idleRequests),
-            lost: 30 - loadedPings.length,
-          };
-          const show = (xs: number[]) => `${p50(xs).toFixed(1)}/${p99(xs).toFixed(1)}`;
-          measured.push(
-            `${direction}: ping p50/p99 idle ${show(idlePings)}, loaded ${show(loadedPings)} ms (${result.lost} lost); ` +
-              `HTTP idle ${show(idleRequests)}, loaded ${show(loadedRequests)} ms`,
-          );
-          return result;
+    // Through a kcp service too, since the minimum RTO went to 100 ms (docs/kcp.md,
+    // "Retransmission"): before, the 30 ms RTO's spurious retransmissions made tails of 100 to
+    // 300 ms. The unlimited control there still waits 40 to 110 ms behind the KCP send window for
+    // the first seconds of a bulk flow (docs/dataplane.md); it is measured, not asserted.
+    it('keeps latency low beside a bulk transfer under a 10 Mbit/s limit: HTTP and ping, up and down', async (t) => {
+      const pings = (count: number) => pingTimes(topo.run, topo.ns.client, IP.dest, count);
+      const requests = (count: number) => requestTimes(topo.run, topo.ns.client, IP.dest, HTTP, count);
+      /** A bulk transfer of `seconds` at well over the limit, in the background. */
+      const bulk = (direction: 'up' | 'down', seconds: number) =>
+        bulkTransfer(
+          topo.run,
+          topo.ns.client,
+          IP.dest,
+          HTTP,
+          direction,
+          Math.round((100e6 / 8) * seconds),
+          seconds,
+        );
+      const measured: string[] = [];
+      /**
+       * What a bulk flow adds to the latency of pings and small requests beside it: the same
+       * number of samples idle and loaded, p50 against p50 (a standing queue moves the median) and
+       * p99 against p99 (on two cores shared with other tests a stall of 100 ms or more now and
+       * then hits idle and loaded samples alike; compared so, it does not count as the queue's).
+       */
+      const added = async (direction: 'up' | 'down') => {
+        const [idlePings, idleRequests] = await Promise.all([pings(30), requests(20)]);
+        const running = bulk(direction, 10);
+        await new Promise((resolve) => setTimeout(resolve, 1500));
+        const [loadedPings, loadedRequests] = await Promise.all([pings(30), requests(20)]);
+        await running;
+        const result = {
+          pingMedian: p50(loadedPings) - p50(idlePings),
+          ping: p99(loadedPings) - p99(idlePings),
+          httpMedian: p50(loadedRequests) - p50(idleRequests),
+          http: p99(loadedRequests) - p99(idleRequests),
+          lost: 30 - loadedPings.length,
         };
-        try {
-          // Without a limit first, as the control: the same flows, nothing shaped.
-          await limit(0);
-          await added('up');
-          await added('down');
-          await limit(10);
-          for (const direction of ['up', 'down'] as const) {
-            // A run whose numbers a stall of the shared cores explains is measured again, at most
-            // three times in all.
-            for (let attempt = 1; ; attempt++) {
-              const a = await added(direction);
-              const ok =
-                a.lost === 0 && Math.max(a.pingMedian, a.httpMedian) <= 10 && Math.max(a.ping, a.http) <= 30;
-              if (!ok && attempt < 3) continue;
-              assert.equal(a.lost, 0, `${direction}: pings lost beside the bulk flow`);
-              assert.ok(a.pingMedian <= 10, `${direction}: ping p50 ${a.pingMedian.toFixed(1)} ms over idle`);
-              assert.ok(a.httpMedian <= 10, `${direction}: HTTP p50 ${a.httpMedian.toFixed(1)} ms over idle`);
-              assert.ok(a.ping <= 30, `${direction}: ping p99 ${a.ping.toFixed(1)} ms over idle; at most 30`);
-              assert.ok(a.http <= 30, `${direction}: HTTP p99 ${a.http.toFixed(1)} ms over idle; at most 30`);
-              break;
-            }
+        const show = (xs: number[]) => `${p50(xs).toFixed(1)}/${p99(xs).toFixed(1)}`;
+        measured.push(
+          `${direction}: ping p50/p99 idle ${show(idlePings)}, loaded ${show(loadedPings)} ms (${result.lost} lost); ` +
+            `HTTP idle ${show(idleRequests)}, loaded ${show(loadedRequests)} ms`,
+        );
+        return result;
+      };
+      try {
+        // Without a limit first, as the control: the same flows, nothing shaped.
+        await limit(0);
+        await added('up');
+        await added('down');
+        await limit(10);
+        for (const direction of ['up', 'down'] as const) {
+          // A run whose numbers a stall of the shared cores explains is measured again, at most
+          // three times in all.
+          for (let attempt = 1; ; attempt++) {
+            const a = await added(direction);
+            const ok =
+              a.lost === 0 && Math.max(a.pingMedian, a.httpMedian) <= 10 && Math.max(a.ping, a.http) <= 30;
+            if (!ok && attempt < 3) continue;
+            assert.equal(a.lost, 0, `${direction}: pings lost beside the bulk flow`);
+            assert.ok(a.pingMedian <= 10, `${direction}: ping p50 ${a.pingMedian.toFixed(1)} ms over idle`);
+            assert.ok(a.httpMedian <= 10, `${direction}: HTTP p50 ${a.httpMedian.toFixed(1)} ms over idle`);
+            assert.ok(a.ping <= 30, `${direction}: ping p99 ${a.ping.toFixed(1)} ms over idle; at most 30`);
+            assert.ok(a.http <= 30, `${direction}: HTTP p99 ${a.http.toFixed(1)} ms over idle; at most 30`);
+            break;
           }
-        } finally {
-          await limit(0);
-          t.diagnostic(`latency beside a bulk flow (first two lines unlimited): ${measured.join(' | ')}`);
         }
-      });
+      } finally {
+        await limit(0);
+        t.diagnostic(`latency beside a bulk flow (first two lines unlimited): ${measured.join(' | ')}`);
+      }
+    });
 
     it('honours priority and tie-breaks between two services; unmatched traffic stays out', async () => {
       // A second service to exit2 with a route that wins for one destination host only.
