@@ -131,7 +131,7 @@ export class Gossip {
   private running = false;
   private departed = false;
   private removedLogged = false;
-  /** Peers heard from since start: their reachability has been reported once. */
+  /** Peers whose reachability has been reported since start (heard from, or back from dead). */
   private readonly heardSinceStart = new Set<string>();
   private nextReplayPrune = 0;
   /** otherActiveIds() and the store's peer list it was derived from. */
@@ -159,6 +159,8 @@ export class Gossip {
       deps.logger[to === 'dead' ? 'warn' : 'info']({ peer_id: peerId, from, to }, 'peer liveness changed');
       this.updatePeerGauge();
       if (to === 'dead' || from === 'dead') this.reportReachability(peerId);
+      // Back from dead is said here: heardFrom() must not say it again as a first contact.
+      if (from === 'dead') this.heardSinceStart.add(peerId);
     });
     deps.allocator.connect(
       (allocator, request) => this.allocate(allocator, request),
@@ -797,8 +799,9 @@ export class Gossip {
   }
 
   /**
-   * The other active members' ids, derived once per version of the store's peer list (the store
-   * hands out the same list until a peer is written): every round and every merge ask, and at
+   * The other active members' ids, derived once per version of the store's peer list (outside a
+   * transaction, where every caller is, the store hands out the same list until a peer is
+   * written; inside one, a new list each time): every round and every merge ask, and at
    * 1,000 members deriving it each time was a measurable share of a round (bench/cluster sim).
    */
   private otherActiveIds(): readonly string[] {
