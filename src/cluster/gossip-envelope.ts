@@ -192,8 +192,8 @@ export class ReplayGuard {
   /**
    * Forgets nonces whose messages have left the window. A sender's nonces are kept in the order
    * they arrived, which is about the order of their senders' clocks, so this stops at the first
-   * one still live: the engine prunes every round, and walking every live nonce of every sender
-   * each time was a tenth of a 200-agent simulation's CPU. One kept behind an older but live
+   * one still live: walking every live nonce of every sender at each of the engine's prunes was a
+   * tenth of a 200-agent simulation's CPU. One kept behind an older but live
    * nonce (a sender's clock stepped back) goes at a later pass; keeping a nonce too long costs
    * memory, never safety.
    */

@@ -347,7 +347,7 @@ export class Store {
   /**
    * Runs `fn` in one transaction: all of its writes land, or none. One that changed no row (a
    * gossip merge of records this agent already holds, which is most of them: every change
-   * reaches each agent about fanout times) keeps the snapshot, the generation and everything
+   * reaches each agent about fanout times) keeps the cached tables, the generation and everything
    * cached on it, and tells no write listener. bench/cluster: rebuilding them after each such
    * merge was a fifth of the CPU of 50 agents replicating 200 services.
    */
@@ -666,7 +666,7 @@ export class Store {
 
   // --- API credentials ---------------------------------------------------------------------
 
-  /** Read on every authenticated request (the revocation check): from the snapshot. */
+  /** Read on every authenticated request (the revocation check): from the cached table. */
   credential(clientId: string): Readonly<CredentialRecord> | undefined {
     if (!this.db.inTransaction) return this.cached('credentials').get(clientId);
     const row = this.stmts.credentialById.get(clientId) as CredentialRow | undefined;
