@@ -136,8 +136,9 @@ export class ClusterCredential {
   /**
    * Keys this agent may MAC gossip with, current first: the current and every graced one. Every
    * gossip message sent, opened or answered asks for them, so the derived keys are kept while the
-   * store's cached cluster keys are the same (bench/cluster: reading and deriving them per message was 8 % of the
-   * CPU of a 50-agent cluster); only the expiry check runs each time. A new array each call.
+   * store's cached cluster keys are the same (bench/cluster: reading and deriving them per
+   * message was 8 % of the CPU of a 50-agent cluster); only the expiry check runs each time. A
+   * new array each call.
    */
   macKeys(): MacKey[] {
     const nowMs = this.clock.now();

@@ -134,8 +134,8 @@ export class Gossip {
   /** Peers whose reachability has been reported since start (heard from, or back from dead). */
   private readonly heardSinceStart = new Set<string>();
   private nextReplayPrune = 0;
-  /** otherActiveIds() and the store's peer list it was derived from. */
-  private members: { from: readonly PeerRecord[]; ids: readonly string[] } | undefined;
+  /** otherActiveIds() and the store's list of active ids it was derived from. */
+  private members: { from: readonly string[]; ids: readonly string[] } | undefined;
   /** The member list the failure detector was last given. */
   private detectorMembers: readonly string[] | undefined;
 
@@ -799,16 +799,16 @@ export class Gossip {
   }
 
   /**
-   * The other active members' ids, derived once per version of the store's peer list (outside a
-   * transaction, where every caller is, the store hands out the same list until a peer is
-   * written; inside one, a new list each time): every round and every merge ask, and at
-   * 1,000 members deriving it each time was a measurable share of a round (bench/cluster sim).
+   * The other active members' ids, derived once per version of the store's active ids (outside
+   * a transaction, where every caller is, the store hands out the same list until a peer is
+   * written; inside one, a new list each time): every round and every merge ask, and at 1,000
+   * members deriving it each time was a measurable share of a round (bench/cluster sim).
    */
   private otherActiveIds(): readonly string[] {
-    const peers = this.deps.store.peers();
-    if (this.members?.from !== peers) {
+    const active = this.deps.store.activePeerIds();
+    if (this.members?.from !== active) {
       const me = this.deps.identity.peerId;
-      this.members = { from: peers, ids: peers.filter((p) => p.isActive && p.id !== me).map((p) => p.id) };
+      this.members = { from: active, ids: active.filter((id) => id !== me) };
     }
     return this.members.ids;
   }

@@ -159,6 +159,18 @@ const toClusterSecret = (r: ClusterSecretRow): ClusterSecretRecord => ({
   replicated: r.replicated === 1,
 });
 
+interface TombstoneRow {
+  key: string;
+  vkey: string;
+  arrived_at: number;
+}
+
+const toTombstone = (r: TombstoneRow): TombstoneRecord => ({
+  key: r.key,
+  vkey: r.vkey,
+  arrivedAt: r.arrived_at,
+});
+
 /**
  * The configuration as of the last write, table by table: see Store.cached(). Each table is read
  * on its first use after a write to it, so a gossip merge that writes one service leaves the
@@ -754,20 +766,14 @@ export class Store {
   }
 
   private readTombstones(): TombstoneRecord[] {
-    return (this.stmts.tombstones.all() as { key: string; vkey: string; arrived_at: number }[]).map((t) => ({
-      key: t.key,
-      vkey: t.vkey,
-      arrivedAt: t.arrived_at,
-    }));
+    return (this.stmts.tombstones.all() as TombstoneRow[]).map(toTombstone);
   }
 
   /** One tombstone by key: a single-row read inside a transaction, where merges look keys up. */
   tombstone(key: string): TombstoneRecord | undefined {
     if (!this.db.inTransaction) return this.cached('tombstones').get(key);
-    const t = this.stmts.tombstoneByKey.get(key) as
-      | { key: string; vkey: string; arrived_at: number }
-      | undefined;
-    return t && { key: t.key, vkey: t.vkey, arrivedAt: t.arrived_at };
+    const row = this.stmts.tombstoneByKey.get(key) as TombstoneRow | undefined;
+    return row && toTombstone(row);
   }
 
   putTombstone(t: TombstoneRecord): void {
