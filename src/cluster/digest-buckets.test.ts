@@ -51,6 +51,23 @@ describe('digest buckets', () => {
     );
   });
 
+  it('built from an earlier digest, gives what a build from scratch gives (property)', () => {
+    const earlier = { entries: state, buckets: bucketize(state) };
+    const edit = fc.tuple(fc.nat(keys.length - 1), fc.constantFrom('change', 'add', 'remove', 'same'));
+    fc.assert(
+      fc.property(fc.array(edit, { maxLength: 8 }), (edits) => {
+        const next = new Map(state);
+        for (const [i, what] of edits) {
+          const key = what === 'add' ? `route:${i}` : keys[i]!;
+          if (what === 'remove') next.delete(key);
+          else if (what !== 'same') next.set(key, `000002.00000000.${i}`);
+        }
+        assert.deepEqual(bucketize(next, earlier), bucketize(next));
+      }),
+      { numRuns: 100 },
+    );
+  });
+
   it('differingBuckets refuses a list that is not 64 strings (the caller exchanges everything)', () => {
     const mine = bucketize(state).hashes;
     assert.deepEqual(differingBuckets(mine, [...mine]), []);

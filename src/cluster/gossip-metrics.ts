@@ -86,5 +86,32 @@ export class GossipMetrics {
       help: "This agent's SWIM incarnation: raised each time it refutes a suspicion of itself.",
       registers,
     });
+    this.bytesSent = this.bytes.labels('sent');
+    this.bytesReceived = this.bytes.labels('received');
+  }
+
+  private readonly bytesSent: Counter.Internal;
+  private readonly bytesReceived: Counter.Internal;
+  /** `messages` children by "type direction": labels() hashes its arguments on every call. */
+  private readonly messageCounters = new Map<string, Counter.Internal>();
+
+  /**
+   * One gossip message sealed or opened here, and its payload bytes (plus a flat 200 for the
+   * envelope, docs/metrics.md). Every message passes here, so the labelled children are kept.
+   */
+  countMessage(type: string, direction: 'sent' | 'received', payloadLength: number): void {
+    const id = `${type} ${direction}`;
+    let counter = this.messageCounters.get(id);
+    if (!counter) {
+      counter = this.messages.labels(type, direction);
+      this.messageCounters.set(id, counter);
+    }
+    counter.inc();
+    this.countBytes(direction, payloadLength);
+  }
+
+  /** Envelope bytes alone: a reply this agent opened counts here, not as a message. */
+  countBytes(direction: 'sent' | 'received', payloadLength: number): void {
+    (direction === 'sent' ? this.bytesSent : this.bytesReceived).inc(payloadLength + 200);
   }
 }

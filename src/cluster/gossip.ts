@@ -114,7 +114,7 @@ export class Gossip {
   private readonly startedAt: number;
   private readonly rumors: { rumor: LivenessRumor; left: number }[] = [];
   /** The digest entries as of the last push: what changed since is what to push next. */
-  private pushed = new Map<string, string>();
+  private pushed: ReadonlyMap<string, string> = new Map<string, string>();
   private pushScheduled = false;
   /** Peers that refused a `buckets` message as malformed (an older build), and when. */
   private readonly bucketless = new Map<string, number>();
@@ -175,7 +175,7 @@ export class Gossip {
     // An agent that left before this start stays silent; one not yet bootstrapped is not gone.
     const self = this.self();
     this.departed = self !== undefined && !self.isActive;
-    this.pushed = new Map(this.deps.replica.digest().entries);
+    this.pushed = this.deps.replica.digest().entries;
     this.syncMembers();
     this.stopTimer = this.timers.every(this.deps.config.intervalMs, () => this.tick());
     // A restarted agent catches up at once rather than at its first probe.
@@ -375,7 +375,8 @@ export class Gossip {
         if (record) changed.push(record);
       }
     }
-    this.pushed = new Map(entries);
+    // A digest's entries are never changed once built: holding them is holding a copy.
+    this.pushed = entries;
     // Once gone, this agent's word counts no more: the others refuse its messages.
     if (changed.length === 0 || this.departed) return;
     const self = this.self();
@@ -655,8 +656,7 @@ export class Gossip {
   ): Promise<unknown> {
     const { identity, clock, transport, metrics } = this.deps;
     const { envelope, nonce } = seal(identity, { type, to: peer.id, sent_at: clock.now(), body }, key);
-    metrics.messages.labels(type, 'sent').inc();
-    metrics.bytes.labels('sent').inc(envelope.payload.length + 200);
+    metrics.countMessage(type, 'sent', envelope.payload.length);
     const reply = await transport.post(peer.address, envelope, timeoutMs);
     // Every answered exchange crossed the wire, refused or not.
     if (reply.wireBytes) {
@@ -669,7 +669,7 @@ export class Gossip {
     const opened = this.open(reply.body);
     if (!opened.ok) throw new InvalidReply(opened.reason);
     // Counted as handle() counts a request: the payload and a flat 200 bytes (docs/metrics.md).
-    metrics.bytes.labels('received').inc((reply.body as Envelope).payload.length + 200);
+    metrics.countBytes('received', (reply.body as Envelope).payload.length);
     const p = opened.payload;
     if (p.from !== peer.id || p.re !== nonce || p.type !== `${type}-reply`) {
       this.deps.metrics.rejected.labels('malformed').inc();
@@ -709,8 +709,7 @@ export class Gossip {
     const opened = this.open(raw);
     if (!opened.ok) return refusal(opened.reason);
     const p = opened.payload;
-    this.deps.metrics.messages.labels(p.type, 'received').inc();
-    this.deps.metrics.bytes.labels('received').inc((raw as Envelope).payload.length + 200);
+    this.deps.metrics.countMessage(p.type, 'received', (raw as Envelope).payload.length);
     this.heardFrom(p.from);
     const body = (p.body ?? {}) as Record<string, unknown>;
     let answer: unknown;
@@ -782,8 +781,7 @@ export class Gossip {
       { type, to: request.from, sent_at: this.deps.clock.now(), re: request.nonce, body },
       key,
     );
-    this.deps.metrics.messages.labels(type, 'sent').inc();
-    this.deps.metrics.bytes.labels('sent').inc(envelope.payload.length + 200);
+    this.deps.metrics.countMessage(type, 'sent', envelope.payload.length);
     return envelope;
   }
 

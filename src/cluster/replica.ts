@@ -268,7 +268,11 @@ export class Replica {
   digestBuckets(): DigestBuckets {
     const digest = this.digest();
     if (this.cachedBuckets?.digest !== digest) {
-      this.cachedBuckets = { digest, buckets: bucketize(digest.entries) };
+      const previous = this.cachedBuckets && {
+        entries: this.cachedBuckets.digest.entries,
+        buckets: this.cachedBuckets.buckets,
+      };
+      this.cachedBuckets = { digest, buckets: bucketize(digest.entries, previous) };
     }
     return this.cachedBuckets.buckets;
   }
