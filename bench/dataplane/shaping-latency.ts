@@ -12,6 +12,12 @@
  * asked) that saturates the limit; p50 and p99 of each, and what the load added (loaded minus idle,
  * p50 against p50 and p99 against p99). The ratio mesh over tbf of the loaded p99 is the figure.
  *
+ * Then the end of a flow, per path and rate: a client writes as fast as its socket takes bytes
+ * for 2 s and shuts its side (the `flood` app), three times; how long after its shutdown the
+ * destination has read everything, median and range, and mesh over tbf. For the mesh, the
+ * client's own socket (`ss -tmi`) 1.5 s in: its congestion window, send buffer and unsent bytes,
+ * which is where that time is spent (docs/dataplane.md, "Where a limited service's bytes wait").
+ *
  *   node dist/bench/dataplane/shaping-latency.js [--rates 10,100,1000] [--transport tcp|kcp]
  */
 import { execFile } from 'node:child_process';
@@ -55,6 +61,37 @@ async function sample(ns: string, host: string): Promise<Sample> {
 /** A bulk transfer at three times `mbps` for `seconds`, up or down, in the background. */
 const bulk = (ns: string, host: string, mbps: number, direction: 'up' | 'down', seconds: number) =>
   bulkTransfer(run, ns, host, HTTP, direction, Math.round(((3 * mbps * 1e6) / 8) * seconds), seconds);
+
+/** The end of a flow: ms from the client's shutdown to the destination's read of the last byte. */
+interface CloseRow {
+  path: string;
+  mbps: number;
+  closes: number[];
+  /** The client's socket 1.5 s into the last flood (congestion window, buffers), from `ss -tmi`. */
+  client: string;
+}
+
+async function endOfFlow(
+  path: string,
+  ns: string,
+  host: string,
+  mbps: number,
+  rows: CloseRow[],
+): Promise<void> {
+  const closes: number[] = [];
+  let client = '';
+  for (let i = 0; i < 3; i++) {
+    const flooding = run(ns, process.execPath, [APPS, 'flood', host, String(HTTP + 1), '2'], 30_000);
+    await new Promise((r) => setTimeout(r, 1500));
+    const ss = (await run(ns, 'ss', ['-tmi', 'dst', host], 5_000)).replace(/\s+/g, ' ');
+    client = (ss.match(/cwnd:\d+|skmem:\([^)]*\)|notsent:\d+|bbr:\([^)]*\)/g) ?? []).join(' ');
+    closes.push((JSON.parse(await flooding) as { answeredMs: number }).answeredMs);
+  }
+  rows.push({ path, mbps, closes, client });
+  console.log(
+    `  ${path} ${mbps} Mbit/s end of flow: ${closes.map((c) => c.toFixed(0)).join(', ')} ms; client ${client}`,
+  );
+}
 
 interface Row {
   path: string;
@@ -135,6 +172,7 @@ async function tbf(mbps: number): Promise<void> {
 
 async function main(): Promise<void> {
   const rows: Row[] = [];
+  const closeRows: CloseRow[] = [];
   const mesh = await meshNetnsUp('mbsl', 75);
   let referenceDown: (() => Promise<void>) | undefined;
   try {
@@ -154,8 +192,10 @@ async function main(): Promise<void> {
       await ingress.agent.client.post('/v1/cluster/sync', { token: ingress.token });
       await exit.agent.client.post('/v1/cluster/sync', { token: exit.token });
       await measure(`mesh-${TRANSPORT}`, topo.ns.client, IP.dest, mbps, rows);
+      await endOfFlow(`mesh-${TRANSPORT}`, topo.ns.client, IP.dest, mbps, closeRows);
       await tbf(mbps);
       await measure('tbf', REF.a, REF.ipB, mbps, rows);
+      await endOfFlow('tbf', REF.a, REF.ipB, mbps, closeRows);
     }
   } finally {
     await referenceDown?.();
@@ -179,6 +219,17 @@ async function main(): Promise<void> {
     console.log(
       `| ${r.mbps} | ${r.direction} | ${r.path} | ${added('pings')} | ${added('requests')} | ${ratio} |`,
     );
+  }
+  console.log(
+    "\nEnd of a flow, ms from the client's shutdown until the destination read the last byte (3 runs):",
+  );
+  console.log('| Mbit/s | path | median [min-max] | mesh ÷ tbf (medians) |');
+  console.log('|---|---|---|---|');
+  for (const r of closeRows) {
+    const ref = closeRows.find((x) => x.path === 'tbf' && x.mbps === r.mbps)!;
+    const ratio = r.path === 'tbf' ? '' : (p50(r.closes) / p50(ref.closes)).toFixed(2);
+    const range = `${Math.min(...r.closes).toFixed(0)}-${Math.max(...r.closes).toFixed(0)}`;
+    console.log(`| ${r.mbps} | ${r.path} | ${p50(r.closes).toFixed(0)} [${range}] | ${ratio} |`);
   }
 }
 
