@@ -28,6 +28,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -459,14 +460,13 @@ class Connect : public Napi::ObjectWrap<Connect> {
   std::unique_ptr<Napi::AsyncContext> context_;
 };
 
-// setReceiveBuffer(fd, bytes): SO_RCVBUF of a connected TCP socket, which Node cannot set. The
-// kernel doubles the value for its bookkeeping and turns off receive-buffer autotuning for the
-// socket, so the window the peer sees stays near `bytes` (the stream path's queue bound for a
-// service with a bandwidth limit, docs/dataplane.md). Returns what the kernel took (getsockopt).
-Napi::Value SetReceiveBuffer(const Napi::CallbackInfo& info) {
+// Sets an int socket option of a connected socket from (fd, bytes) and returns what the kernel
+// holds afterwards (getsockopt): the two byte-count options below, which Node cannot set.
+Napi::Value SetByteOption(const Napi::CallbackInfo& info, int level, int option, const char* usage,
+                          const char* failure) {
   Napi::Env env = info.Env();
   if (info.Length() < 2 || !info[0].IsNumber() || !info[1].IsNumber()) {
-    Napi::TypeError::New(env, "setReceiveBuffer(fd, bytes)").ThrowAsJavaScriptException();
+    Napi::TypeError::New(env, usage).ThrowAsJavaScriptException();
     return Napi::Value();
   }
   int fd = info[0].As<Napi::Number>().Int32Value();
@@ -476,14 +476,32 @@ Napi::Value SetReceiveBuffer(const Napi::CallbackInfo& info) {
     return Napi::Value();
   }
   int value = static_cast<int>(bytes);
-  if (setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &value, sizeof value) != 0) {
-    SystemError(env, errno, "setsockopt", "cannot set SO_RCVBUF").ThrowAsJavaScriptException();
+  if (setsockopt(fd, level, option, &value, sizeof value) != 0) {
+    SystemError(env, errno, "setsockopt", failure).ThrowAsJavaScriptException();
     return Napi::Value();
   }
   int took = 0;
   socklen_t len = sizeof took;
-  if (getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &took, &len) != 0) took = 0;
+  if (getsockopt(fd, level, option, &took, &len) != 0) took = 0;
   return Napi::Number::New(env, took);
+}
+
+// setReceiveBuffer(fd, bytes): SO_RCVBUF of a connected TCP socket. The kernel doubles the value
+// for its bookkeeping and turns off receive-buffer autotuning for the socket, so the window the
+// peer sees stays near `bytes` (the stream path's queue bound for a service with a bandwidth
+// limit, docs/dataplane.md).
+Napi::Value SetReceiveBuffer(const Napi::CallbackInfo& info) {
+  return SetByteOption(info, SOL_SOCKET, SO_RCVBUF, "setReceiveBuffer(fd, bytes)", "cannot set SO_RCVBUF");
+}
+
+// setNotSentLowat(fd, bytes): TCP_NOTSENT_LOWAT of a connected TCP socket. The kernel then takes
+// new bytes (and reports the socket writable) only while fewer than `bytes` of what it holds are
+// not yet sent, so what the agent writes ahead waits in the agent, where each stream gets its
+// turn, instead of in one FIFO that every stream of a tunnel shares (docs/dataplane.md). Bytes
+// in flight are not bounded: throughput is the congestion window's.
+Napi::Value SetNotSentLowat(const Napi::CallbackInfo& info) {
+  return SetByteOption(info, IPPROTO_TCP, TCP_NOTSENT_LOWAT, "setNotSentLowat(fd, bytes)",
+                       "cannot set TCP_NOTSENT_LOWAT");
 }
 
 }  // namespace
@@ -492,6 +510,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("openTransparentListener", Napi::Function::New(env, OpenTransparentListener));
   exports.Set("Connect", Connect::Define(env));
   exports.Set("setReceiveBuffer", Napi::Function::New(env, SetReceiveBuffer));
+  exports.Set("setNotSentLowat", Napi::Function::New(env, SetNotSentLowat));
   return exports;
 }
 

@@ -15,16 +15,20 @@
  */
 import assert from 'node:assert/strict';
 import { type ChildProcess, execFileSync } from 'node:child_process';
+import { generateKeyPairSync } from 'node:crypto';
 import { closeSync, readdirSync, readFileSync } from 'node:fs';
 import net from 'node:net';
 import { after, before, describe, it } from 'node:test';
+import tls from 'node:tls';
 import { fileURLToPath } from 'node:url';
 import { Netns, requireCommand } from '../../test/helpers/tun-netns.js';
+import { selfSignedCertificate } from '../transports/tunnel-certificate.js';
 import {
   type ConnectOptions,
   connectNetSocket,
   connectSocket,
   openTransparentListener,
+  setNotSentLowat,
   setReceiveBuffer,
   socketFromFd,
 } from './sockets.js';
@@ -178,6 +182,52 @@ describe('native sockets addon: loopback in this process (root)', { timeout: 120
       server.close();
     }
     assert.equal(setReceiveBuffer(socket, 25_000), null);
+  });
+
+  it('setNotSentLowat: the kernel takes it on plain and TLS sockets and holds less unsent; a closed socket has none', async () => {
+    // A peer that never reads: what the kernel takes beyond its window waits unsent.
+    const server = net.createServer((s) => s.pause());
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const { port } = server.address() as net.AddressInfo;
+    const taken = async (bound: number | undefined): Promise<number> => {
+      const socket = net.connect(port, '127.0.0.1');
+      await new Promise((resolve) => socket.once('connect', resolve));
+      try {
+        if (bound !== undefined) assert.equal(setNotSentLowat(socket, bound), bound);
+        // In 64 KiB writes: Node counts a write as pending until the kernel took all of it.
+        const block = Buffer.alloc(65_536);
+        for (let i = 0; i < 256; i++) socket.write(block);
+        await new Promise((resolve) => setTimeout(resolve, 300));
+        return 256 * block.length - socket.writableLength;
+      } finally {
+        socket.destroy();
+      }
+    };
+    try {
+      const unbounded = await taken(undefined);
+      const bounded = await taken(16 * 1024);
+      console.log(`# the kernel took ${unbounded} bytes unbounded, ${bounded} with a 16 KiB bound`);
+      assert.ok(unbounded - bounded > 512 * 1024, `${unbounded} against ${bounded}`);
+      const tlsKey = generateKeyPairSync('ed25519').privateKey;
+      const tlsServer = tls.createServer({
+        key: tlsKey.export({ type: 'pkcs8', format: 'pem' }),
+        cert: selfSignedCertificate(tlsKey, 'lowat'),
+      });
+      await new Promise<void>((resolve) => tlsServer.listen(0, '127.0.0.1', resolve));
+      const secure = tls.connect({
+        port: (tlsServer.address() as net.AddressInfo).port,
+        host: '127.0.0.1',
+        rejectUnauthorized: false,
+      });
+      await new Promise((resolve) => secure.once('secureConnect', resolve));
+      assert.equal(setNotSentLowat(secure, 65_536), 65_536, 'through the TLS socket, its TCP socket');
+      assert.throws(() => setNotSentLowat(secure, 0), /bytes must be an integer/);
+      secure.destroy();
+      tlsServer.close();
+      assert.equal(setNotSentLowat(secure, 65_536), null);
+    } finally {
+      server.close();
+    }
   });
 
   it('a transparent listener fd is non-blocking, close-on-exec, and net.Server listens on it', async () => {

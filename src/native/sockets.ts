@@ -9,6 +9,7 @@
  *   connection routed by policy; a source address that is not local, the original client's). The connect
  *   is driven by the event loop, never the thread pool. connectNetSocket wraps the fd in a net.Socket.
  * - setReceiveBuffer: SO_RCVBUF of a connected socket (net.Socket has no such option for TCP).
+ * - setNotSentLowat: TCP_NOTSENT_LOWAT of a connected socket (the tcp tunnel's).
  * The first two need CAP_NET_ADMIN for the transparent and mark options. The fds are non-blocking and close-on-exec;
  * once handed over they are the caller's (net.Server / net.Socket close them).
  *
@@ -16,6 +17,7 @@
  */
 import { closeSync } from 'node:fs';
 import net from 'node:net';
+import type { Duplex } from 'node:stream';
 import { loadAddon } from './load-addon.js';
 
 export type IpFamily = 4 | 6;
@@ -78,6 +80,7 @@ interface NativeAddon {
     onDone: (error: NodeJS.ErrnoException | null, fd?: number) => void,
   ) => NativeConnect;
   setReceiveBuffer?: (fd: number, bytes: number) => number;
+  setNotSentLowat?: (fd: number, bytes: number) => number;
 }
 
 let addon: NativeAddon | undefined;
@@ -85,7 +88,7 @@ let addon: NativeAddon | undefined;
 /** Loaded on first use, so that importing this module (for its types) never needs the built addon. */
 function nativeAddon(): Required<NativeAddon> {
   addon ??= loadAddon<NativeAddon>('mesh_sockets.node');
-  if (!addon?.openTransparentListener || !addon.Connect || !addon.setReceiveBuffer)
+  if (!addon?.openTransparentListener || !addon.Connect || !addon.setReceiveBuffer || !addon.setNotSentLowat)
     throw new Error(`transparent and marked sockets are Linux-only (this is ${process.platform})`);
   return addon as Required<NativeAddon>;
 }
@@ -226,4 +229,17 @@ export function setReceiveBuffer(socket: net.Socket, bytes: number): number | nu
   const fd = (socket as unknown as { _handle?: { fd?: unknown } })._handle?.fd;
   if (typeof fd !== 'number' || fd < 0) return null;
   return nativeAddon().setReceiveBuffer(fd, bytes);
+}
+
+/**
+ * Sets TCP_NOTSENT_LOWAT of a connected TCP socket (a TLS socket's too: its handle reports the
+ * TCP socket's fd): the kernel takes more bytes only while fewer than `bytes` wait unsent, so the
+ * rest waits in the process. Returns the bound the kernel took, or null when the socket has no
+ * fd (closed already).
+ */
+export function setNotSentLowat(socket: Duplex, bytes: number): number | null {
+  checkInteger(bytes, 1, 2 ** 30, 'bytes');
+  const fd = (socket as unknown as { _handle?: { fd?: unknown } })._handle?.fd;
+  if (typeof fd !== 'number' || fd < 0) return null;
+  return nativeAddon().setNotSentLowat(fd, bytes);
 }
