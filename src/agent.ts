@@ -65,7 +65,12 @@ import { LicenseWatch } from './events/license-watch.js';
 import { EventRetention, type RetentionLimits } from './events/retention.js';
 import { RuntimeEvents } from './events/runtime-events.js';
 import { generateLicenseKeyPair } from './license/sign.js';
-import { connectNetSocket, openTransparentListener, setReceiveBuffer } from './native/sockets.js';
+import {
+  connectNetSocket,
+  openTransparentListener,
+  setNotSentLowat,
+  setReceiveBuffer,
+} from './native/sockets.js';
 import { openTun } from './native/tun.js';
 import { loadOrCreateSecretFile, removeStaleTempFiles } from './store/key-files.js';
 import { Store } from './store/store.js';
@@ -555,6 +560,10 @@ async function buildDataPlane(
     backoff,
     directory,
     keepaliveIntervalMs: failover.intervalMs,
+    // A socket closed already has nothing to bound; anything else is the addon's bug.
+    boundUnsent: (socket, bytes) => {
+      if (!socket.destroyed) setNotSentLowat(socket, bytes);
+    },
   });
   const apiPort = Number(config.advertise.slice(config.advertise.lastIndexOf(':') + 1));
   // The kcp transport's UDP socket takes the API's port number (peers know only that address).

@@ -4,6 +4,7 @@ import { once } from 'node:events';
 import http from 'node:http';
 import https from 'node:https';
 import net, { type AddressInfo } from 'node:net';
+import type { Duplex } from 'node:stream';
 import { afterEach, describe, it } from 'node:test';
 import tls from 'node:tls';
 import { newPeerIdentity as identity } from '../../test/helpers/peer-identity.js';
@@ -113,6 +114,39 @@ describe('tcp transport', { timeout: 60_000 }, () => {
     assert.ok(b.got[1]!.equals(big));
     assert.ok(a.got[0]!.equals(big));
     assert.equal(a.got[1]!.toString(), 'back');
+  });
+
+  it('bounds the unsent bytes of each tunnel socket to 4 ms of its send rate, 64 KiB to 4 MiB', async () => {
+    const bounds = new Map<Duplex, number[]>();
+    const [a, b] = await twoPeers('http', {
+      keepaliveIntervalMs: 100,
+      boundUnsent: (socket, bytes) => {
+        const list = bounds.get(socket) ?? [];
+        list.push(bytes);
+        bounds.set(socket, list);
+      },
+    });
+    const tunnel = a.transport.ensure(b.who.id);
+    await eventually('up', () => tunnel.state === 'up' && b.transport.tunnel(a.who.id)?.state === 'up');
+    // Each end's link bounds its own socket as soon as it is up.
+    assert.equal(bounds.size, 2);
+    for (const list of bounds.values()) assert.equal(list[0], 64 * 1024);
+    // A second of bulk from a to b: a's bound follows the rate up.
+    const block = Buffer.alloc(65_536);
+    let drained = () => {};
+    a.transport.on('drain', () => drained());
+    const until = performance.now() + 1000;
+    while (performance.now() < until) {
+      if (!tunnel.send([block])) await new Promise<void>((resolve) => (drained = resolve));
+    }
+    const received = () => b.got.reduce((n, m) => n + m.length, 0);
+    const sent = Math.max(...[...bounds.values()].map((l) => l.length));
+    const dialer = [...bounds.values()].find((l) => l.length === sent)!;
+    const top = Math.max(...dialer);
+    console.log(`# bounds ${dialer.map((x) => Math.round(x / 1024)).join(' ')} KiB; ${received()} bytes`);
+    assert.ok(top > 64 * 1024 && top <= 4 * 1024 * 1024, `the bound rose: ${top}`);
+    // Idle again: back to the least.
+    await eventually('back to 64 KiB', () => dialer.at(-1) === 64 * 1024);
   });
 
   it('dials an IPv6 address ([::1]:port)', async () => {

@@ -73,6 +73,14 @@ export interface TcpTransportOptions {
    * measured on loopback, costs throughput and CPU (bench/transports/tcp-throughput.ts).
    */
   highWaterMark?: number;
+  /**
+   * Bounds what the kernel may hold unsent in a tunnel's TCP socket (the agent sets
+   * TCP_NOTSENT_LOWAT, src/native/sockets.ts). Each link calls it as it is set up and again as
+   * its send rate moves: UNSENT_MS of that rate, so that a bulk stream's bytes wait in the
+   * multiplexer, where every stream gets its turn, not in the socket's FIFO in front of them all
+   * (docs/dataplane.md, "Where a tunnel's bytes wait"), and a fast tunnel still never runs dry.
+   */
+  boundUnsent?: (socket: Duplex, bytes: number) => void;
   /** Whole dial: TCP connect, upgrade, TLS handshake. Default 10000. */
   dialTimeoutMs?: number;
   /** Waiting for the upgrade answer's head. Default 5000. */
@@ -87,6 +95,16 @@ export interface TcpTransportOptions {
   /** For the backoff's jitter. */
   random?: () => number;
 }
+
+/**
+ * A tunnel's socket holds at most this long of its current send rate unsent (boundUnsent),
+ * within UNSENT_MIN..UNSENT_MAX bytes: at 100 Mbit/s 64 KiB (5 ms) instead of the 1 MB the
+ * kernel let wait there, at 2 Gbit/s about 1 MB, which the event loop refills in time. A fixed
+ * 128 KiB cost the stream bench about a tenth of its throughput.
+ */
+const UNSENT_MS = 4;
+const UNSENT_MIN = 64 * 1024;
+const UNSENT_MAX = 4 * 1024 * 1024;
 
 interface LinkTiming {
   keepaliveIntervalMs: number;
@@ -103,6 +121,7 @@ export class TcpTransport extends TunnelKeeper {
   private readonly upgradeTimeoutMs: number;
   private readonly handshakeTimeoutMs: number;
   private readonly maxPendingHandshakes: number;
+  private readonly boundUnsent: ((socket: Duplex, bytes: number) => void) | undefined;
   /** Inbound sockets between the 101 and the end of the TLS handshake. */
   private readonly handshaking = new Set<tls.TLSSocket>();
 
@@ -126,6 +145,7 @@ export class TcpTransport extends TunnelKeeper {
     this.upgradeTimeoutMs = positive(options.upgradeTimeoutMs ?? 5000, 'upgradeTimeoutMs');
     this.handshakeTimeoutMs = positive(options.handshakeTimeoutMs ?? 10_000, 'handshakeTimeoutMs');
     this.maxPendingHandshakes = options.maxPendingHandshakes ?? 64;
+    this.boundUnsent = options.boundUnsent;
     this.secureContext = tls.createSecureContext({
       key: key.export({ type: 'pkcs8', format: 'pem' }),
       cert: selfSignedCertificate(key, `mesh-agent ${options.localPeerId}`),
@@ -207,7 +227,10 @@ export class TcpTransport extends TunnelKeeper {
       if ('refused' in authorized)
         return refuse(authorized.refused, `key ${key.toString('base64')} is not an active dialing peer`);
       finish();
-      this.adopt(authorized.peerId, new TcpLink(secure, socket, key, this.timing, 'acceptor'));
+      this.adopt(
+        authorized.peerId,
+        new TcpLink(secure, socket, key, this.timing, 'acceptor', this.boundUnsent),
+      );
     });
     return true;
   }
@@ -285,7 +308,7 @@ export class TcpTransport extends TunnelKeeper {
               if (refused) return fail(new Error(`presented key ${key.toString('base64')}`), refused);
               socket.off('error', onInnerError);
               // The link owns the sockets from here; the dial still ends at the acceptor's ACCEPT.
-              const link = new TcpLink(socket, outer, key, this.timing, 'dialer');
+              const link = new TcpLink(socket, outer, key, this.timing, 'dialer', this.boundUnsent);
               link.accepted.then(
                 () => {
                   if (settled) return link.close();
@@ -330,6 +353,9 @@ class TcpLink implements Link {
   private tickMs = 0;
   private lastTickAt = 0;
   private wantDrain = false;
+  /** Bytes sent since the last tick: the rate the unsent bound follows. */
+  private sentSinceTick = 0;
+  private unsentBound = 0;
 
   constructor(
     private readonly secure: tls.TLSSocket,
@@ -337,6 +363,7 @@ class TcpLink implements Link {
     readonly peerKey: Buffer,
     private readonly timing: LinkTiming,
     role: 'dialer' | 'acceptor',
+    private readonly boundUnsent?: (socket: Duplex, bytes: number) => void,
   ) {
     this.accepted = new Promise<void>((resolve, reject) => {
       this.settleAccepted = (error) => (error ? reject(error) : resolve());
@@ -391,6 +418,7 @@ class TcpLink implements Link {
     // Fine enough that death is noticed within a quarter of the shorter period of its deadline.
     this.tickMs = Math.max(5, Math.min(keepaliveIntervalMs, deadAfterMs) / 4);
     this.lastTickAt = performance.now();
+    this.followSendRate(0);
     this.ticker = setInterval(() => this.tick(), this.tickMs);
     this.ticker.unref();
   }
@@ -401,6 +429,7 @@ class TcpLink implements Link {
 
   send(messages: readonly TunnelMessage[]): boolean {
     if (this.finished) return true;
+    for (const m of messages) this.sentSinceTick += m.length;
     writePieces(this.secure, dataFrameChunks(messages));
     if (this.secure.writableLength <= this.timing.highWaterMark) return true;
     this.wantDrain = true;
@@ -450,6 +479,7 @@ class TcpLink implements Link {
     // tunnel dead at once. A loop that is merely slow still finds dead peers, only later.
     const gap = now - this.lastTickAt;
     this.lastTickAt = now;
+    this.followSendRate(gap);
     if (gap > this.tickMs * 2) this.lastReceivedAt = Math.min(now, this.lastReceivedAt + gap - this.tickMs);
     const silentMs = now - this.lastReceivedAt;
     if (silentMs > this.timing.deadAfterMs) {
@@ -462,6 +492,18 @@ class TcpLink implements Link {
       stamp.writeDoubleBE(now, 0);
       this.secure.write(encodeControlFrame(FRAME_PING, stamp));
     }
+  }
+
+  /** Sets the kernel's unsent bound to UNSENT_MS of what was sent over the last `elapsedMs`. */
+  private followSendRate(elapsedMs: number): void {
+    if (!this.boundUnsent) return;
+    const rate = elapsedMs > 0 ? this.sentSinceTick / elapsedMs : 0;
+    this.sentSinceTick = 0;
+    const bound = Math.min(UNSENT_MAX, Math.max(UNSENT_MIN, Math.round(rate * UNSENT_MS)));
+    // A change within a quarter is noise, not worth a system call.
+    if (this.unsentBound > 0 && Math.abs(bound - this.unsentBound) < this.unsentBound / 4) return;
+    this.unsentBound = bound;
+    this.boundUnsent(this.carrier, bound);
   }
 
   private finish(reason: FaultReason | undefined, detail: string): void {
