@@ -70,6 +70,8 @@ interface SetupOptions {
   deadAfterMs?: number;
   /** What the link reports as the tunnel's RTT (window auto-tuning); none by default. */
   rttMs?: number;
+  /** Told the bytes of each send() a side makes to the link. */
+  onSend?: (side: string, bytes: number) => void;
 }
 
 const cleanups: (() => Promise<void> | void)[] = [];
@@ -156,7 +158,13 @@ async function setup(options: SetupOptions): Promise<Harness> {
     } as unknown as Side;
     side.mux = new StreamMux({
       link: {
-        send: (peerId, messages) => transport.tunnel(peerId)?.send(messages) ?? true,
+        send: (peerId, messages) => {
+          options.onSend?.(
+            id,
+            messages.reduce((n, m) => n + m.length, 0),
+          );
+          return transport.tunnel(peerId)?.send(messages) ?? true;
+        },
         ...(options.rttMs ? { rttMs: () => options.rttMs ?? null } : {}),
       },
       localPeerId: id,
@@ -354,6 +362,35 @@ describe('StreamMux over the memory transport with loopback sockets', { timeout:
     console.log(
       `# 2 x 20 MB in ${seconds.toFixed(2)} s (${((2 * SIZE) / 1e6 / seconds).toFixed(0)} MB/s total), drains a=${h.a.drains} b=${h.b.drains}`,
     );
+  });
+
+  it('adds at most OUTBOX_LIMIT (256 KiB) and one frame to a tunnel per turn, however much a socket has ready', async () => {
+    // A socket with megabytes waiting delivers up to 32 reads of 64 KiB in one turn; sent all at
+    // once they wait in the tunnel in front of every other stream (docs/dataplane.md).
+    const SIZE = 24 * 1024 * 1024;
+    let largest = 0;
+    let sends = 0;
+    let received = 0;
+    const h = await setup({
+      // A link that blocks often: the client's socket fills while it waits, then has much ready.
+      highWaterMark: 64 * 1024,
+      destination: (socket) => {
+        socket.on('data', (c: Buffer) => {
+          received += c.length;
+        });
+      },
+      onSend: (side, bytes) => {
+        if (side !== A) return;
+        sends++;
+        largest = Math.max(largest, bytes);
+      },
+      mux: { initialWindow: 8 * 1024 * 1024, maxWindow: 8 * 1024 * 1024 },
+    });
+    const client = await h.client(h.a);
+    client.end(randomBytes(SIZE));
+    await waitFor('the upload delivered', () => received === SIZE, 40_000);
+    console.log(`# ${sends} sends to the link, the largest ${(largest / 1024).toFixed(0)} KiB`);
+    assert.ok(largest <= 256 * 1024 + MAX_DATA_PAYLOAD + 1024, `a send of ${largest} bytes`);
   });
 
   it('runs 50 concurrent streams, half opened by each side (odd and even ids)', async () => {

@@ -97,6 +97,14 @@ const MIN_RECEIVE_BUFFER = 8 * 1024;
  * behind a 64 KiB frame (52 ms at 10 Mbit/s): fair queuing serves flows between grants.
  */
 export const PACED_QUANTUM_MS = 5;
+/**
+ * What the streams of one peer may add to its outbox in one turn of the event loop. The link's
+ * high-water mark is checked only when the outbox is flushed, after the turn; within one, a
+ * socket with data waiting delivers up to 32 reads of 64 KiB, and a stream with credit sent them
+ * all: 2 MB written at once to a tunnel, in front of every other stream and packet (168 ms at
+ * 100 Mbit/s, measured with tbf on the underlay). Past this the streams wait for the flush.
+ */
+const OUTBOX_LIMIT = 256 * 1024;
 /** The least quantum: a few segments, so that a slow limit is not cut into tiny frames. */
 const MIN_PACED_QUANTUM = 4 * 1024;
 
@@ -192,6 +200,8 @@ interface PeerState {
   /** link.send() returned false; reading sockets stay paused until onDrain. */
   blocked: boolean;
   outbox: TunnelMessage[];
+  /** Bytes in the outbox; at OUTBOX_LIMIT the streams wait for the flush as they wait for onDrain. */
+  outboxBytes: number;
   /** The array the previous flush sent, emptied: the next outbox (two arrays in turn, not one per turn). */
   spare: TunnelMessage[];
   flushScheduled: boolean;
@@ -254,6 +264,9 @@ export const emptyStats = (): StreamStats => ({
 });
 
 /** What a limited stream asks its pacer for at a time (PACED_QUANTUM_MS of the rate). */
+/** Streams of this peer wait: for the link to drain, or for the outbox to be flushed. */
+const isFull = (peer: PeerState): boolean => peer.blocked || peer.outboxBytes >= OUTBOX_LIMIT;
+
 function pacedQuantum(pacer: Pacer): number {
   const rate = pacer.bytesIn?.(PACED_QUANTUM_MS) ?? 0;
   if (rate <= 0) return MAX_DATA_PAYLOAD;
@@ -442,6 +455,7 @@ export class StreamMux {
     if (!peer) return;
     // Nothing reaches the peer any more; it resets its side when it sees the tunnel down.
     peer.outbox.length = 0;
+    peer.outboxBytes = 0;
     peer.blocked = false;
     for (const s of [...peer.streams.values()]) this.reset(s, false);
     // With no stream left its state goes too (a removed peer's would stay for good). Stream ids
@@ -626,7 +640,7 @@ export class StreamMux {
   /** Sends what credit, the pacer and the link allow; FIN once the local end ended and all is sent. */
   private pump(s: Stream): void {
     if (s.phase === 'open') {
-      while (!s.pacing && s.pendingBytes > 0 && s.credit > 0 && !s.peer.blocked) {
+      while (!s.pacing && s.pendingBytes > 0 && s.credit > 0 && !isFull(s.peer)) {
         const n = Math.min(s.pendingBytes, s.credit, s.pacer ? pacedQuantum(s.pacer) : MAX_DATA_PAYLOAD);
         if (s.pacer) {
           s.pacing = true;
@@ -679,7 +693,7 @@ export class StreamMux {
     // Before the exit has answered, only one frame's worth: an open to a blackholed destination
     // must not cost a whole window of the client's bytes (thousands of them would add up).
     const limit = MAX_DATA_PAYLOAD;
-    const read = !s.peer.blocked && s.pendingBytes < limit;
+    const read = !isFull(s.peer) && s.pendingBytes < limit;
     if (read) {
       if (socket.isPaused()) socket.resume();
     } else if (!socket.isPaused()) socket.pause();
@@ -783,6 +797,7 @@ export class StreamMux {
         nextId: firstId,
         blocked: false,
         outbox: [],
+        outboxBytes: 0,
         spare: [],
         flushScheduled: false,
         flushLater: () => this.flush(created),
@@ -823,6 +838,7 @@ export class StreamMux {
    */
   private enqueue(peer: PeerState, frame: TunnelMessage): void {
     peer.outbox.push(frame);
+    peer.outboxBytes += frame.length;
     if (peer.flushScheduled) return;
     peer.flushScheduled = true;
     setImmediate(peer.flushLater);
@@ -833,11 +849,18 @@ export class StreamMux {
     if (peer.outbox.length === 0) return;
     const batch = peer.outbox;
     peer.outbox = peer.spare;
+    const wasFull = peer.outboxBytes >= OUTBOX_LIMIT;
+    peer.outboxBytes = 0;
     // send() keeps the messages, not the array (TunnelTransport.send).
     const below = this.link.send(peer.id, batch);
     batch.length = 0;
     peer.spare = batch;
-    if (below || peer.blocked) return;
+    if (below) {
+      // Streams that stopped at OUTBOX_LIMIT go on, each in its turn, as after onDrain.
+      if (wasFull && !peer.blocked) for (const s of [...peer.streams.values()]) this.pump(s);
+      return;
+    }
+    if (peer.blocked) return;
     peer.blocked = true;
     for (const s of peer.streams.values()) this.updateFlow(s);
   }
