@@ -18,7 +18,12 @@
  * client's own socket (`ss -tmi`) 1.5 s in: its congestion window, send buffer and unsent bytes,
  * which is where that time is spent (docs/dataplane.md, "Where a limited service's bytes wait").
  *
+ * With `--bottleneck underlay` the mesh service has no limit; the same tbf sits instead on both
+ * agents' underlay links (the ingress's i1, the exit's e1): a tunnel across a slow WAN, where what
+ * the agent queues in front of the tunnel is all a ping or a request waits behind.
+ *
  *   node dist/bench/dataplane/shaping-latency.js [--rates 10,100,1000] [--transport tcp|kcp]
+ *     [--bottleneck limit|underlay]
  */
 import { execFile } from 'node:child_process';
 import { parseArgs, promisify } from 'node:util';
@@ -30,6 +35,7 @@ const { values } = parseArgs({
   options: {
     rates: { type: 'string', default: '10,100,1000' },
     transport: { type: 'string', default: 'tcp' },
+    bottleneck: { type: 'string', default: 'limit' },
   },
 });
 const RATES = values.rates.split(',').map(Number);
@@ -37,6 +43,8 @@ const TRANSPORT = values.transport;
 if (RATES.some((r) => !Number.isFinite(r) || r <= 0))
   throw new Error('--rates: positive Mbit/s, comma separated');
 if (TRANSPORT !== 'tcp' && TRANSPORT !== 'kcp') throw new Error('--transport: tcp or kcp');
+const UNDERLAY = values.bottleneck === 'underlay';
+if (!UNDERLAY && values.bottleneck !== 'limit') throw new Error('--bottleneck: limit or underlay');
 if (process.getuid?.() !== 0) throw new Error('shaping-latency needs root (network namespaces)');
 
 const exec = promisify(execFile);
@@ -142,12 +150,10 @@ async function referenceUp(): Promise<() => Promise<void>> {
   };
 }
 
-async function tbf(mbps: number): Promise<void> {
+/** `tbf` at `mbps` on each of these links' egress. */
+async function tbf(mbps: number, links: readonly (readonly [string, string])[]): Promise<void> {
   const burst = Math.max(3000, Math.round((mbps * 1e6) / 8 / 250));
-  for (const [ns, dev] of [
-    [REF.a, 'mbsl-va'],
-    [REF.b, 'mbsl-vb'],
-  ] as const) {
+  for (const [ns, dev] of links) {
     await run(
       ns,
       'tc',
@@ -183,17 +189,28 @@ async function main(): Promise<void> {
     ]);
     await waitUp(id, ingress, exit);
     referenceDown = await referenceUp();
+    const path = `mesh-${TRANSPORT}${UNDERLAY ? ' over tbf' : ''}`;
     for (const mbps of RATES) {
-      const res = await ingress.agent.client.put(`/v1/services/${id}`, {
-        token: ingress.token,
-        json: { bandwidth_limit_mbps: mbps },
-      });
-      if (res.status !== 200) throw new Error(`limit: ${res.status} ${res.text}`);
-      await ingress.agent.client.post('/v1/cluster/sync', { token: ingress.token });
-      await exit.agent.client.post('/v1/cluster/sync', { token: exit.token });
-      await measure(`mesh-${TRANSPORT}`, topo.ns.client, IP.dest, mbps, rows);
-      await endOfFlow(`mesh-${TRANSPORT}`, topo.ns.client, IP.dest, mbps, closeRows);
-      await tbf(mbps);
+      if (UNDERLAY) {
+        await tbf(mbps, [
+          [topo.ns.ingress, 'i1'],
+          [topo.ns.exit, 'e1'],
+        ]);
+      } else {
+        const res = await ingress.agent.client.put(`/v1/services/${id}`, {
+          token: ingress.token,
+          json: { bandwidth_limit_mbps: mbps },
+        });
+        if (res.status !== 200) throw new Error(`limit: ${res.status} ${res.text}`);
+        await ingress.agent.client.post('/v1/cluster/sync', { token: ingress.token });
+        await exit.agent.client.post('/v1/cluster/sync', { token: exit.token });
+      }
+      await measure(path, topo.ns.client, IP.dest, mbps, rows);
+      await endOfFlow(path, topo.ns.client, IP.dest, mbps, closeRows);
+      await tbf(mbps, [
+        [REF.a, 'mbsl-va'],
+        [REF.b, 'mbsl-vb'],
+      ]);
       await measure('tbf', REF.a, REF.ipB, mbps, rows);
       await endOfFlow('tbf', REF.a, REF.ipB, mbps, closeRows);
     }

@@ -67,7 +67,8 @@ export interface TcpTransportOptions {
   /** Redial delays. Default 250 ms to 10 s, 20 % jitter. */
   backoff?: BackoffOptions;
   /**
-   * send() returns false above this many bytes waiting in the process (at least 64 KiB). Default
+   * send() returns false above this many bytes waiting in the process (at least 64 KiB), or
+   * above FOLLOW_MS of the link's send rate if that is less (64 KiB at the least). Default
    * 256 KiB: the kernel's socket buffer holds what is in flight on the wire, so a larger queue here
    * only delays every tunneled packet behind it (4 MiB at 100 Mbit/s is a third of a second) and,
    * measured on loopback, costs throughput and CPU (bench/transports/tcp-throughput.ts).
@@ -76,7 +77,7 @@ export interface TcpTransportOptions {
   /**
    * Bounds what the kernel may hold unsent in a tunnel's TCP socket (the agent sets
    * TCP_NOTSENT_LOWAT, src/native/sockets.ts). Each link calls it as it is set up and again as
-   * its send rate moves: UNSENT_MS of that rate, so that a bulk stream's bytes wait in the
+   * its send rate moves: FOLLOW_MS of that rate, so that a bulk stream's bytes wait in the
    * multiplexer, where every stream gets its turn, not in the socket's FIFO in front of them all
    * (docs/dataplane.md, "Where a tunnel's bytes wait"), and a fast tunnel still never runs dry.
    */
@@ -97,13 +98,15 @@ export interface TcpTransportOptions {
 }
 
 /**
- * A tunnel's socket holds at most this long of its current send rate unsent (boundUnsent),
- * within UNSENT_MIN..UNSENT_MAX bytes: at 100 Mbit/s 64 KiB (5 ms) instead of the 1 MB the
- * kernel let wait there, at 2 Gbit/s about 1 MB, which the event loop refills in time. A fixed
- * 128 KiB cost the stream bench about a tenth of its throughput.
+ * Each of a link's two queues, its socket's unsent bytes in the kernel (boundUnsent) and what
+ * waits in the process (highWaterMark), holds at most this long of its current send rate: at
+ * 100 Mbit/s 64 KiB each (5 ms) instead of the 1 MB the kernel and the 256 KiB the process let
+ * wait, at 2 Gbit/s about 1 MB in the kernel, which the event loop refills in time. A fixed
+ * 128 KiB in the kernel cost the stream bench about a tenth of its throughput.
  */
-const UNSENT_MS = 4;
-const UNSENT_MIN = 64 * 1024;
+const FOLLOW_MS = 4;
+/** Each queue's least bound: a frame (64 KiB) must fit in the process's. */
+const FOLLOW_MIN = 64 * 1024;
 const UNSENT_MAX = 4 * 1024 * 1024;
 
 interface LinkTiming {
@@ -353,9 +356,11 @@ class TcpLink implements Link {
   private tickMs = 0;
   private lastTickAt = 0;
   private wantDrain = false;
-  /** Bytes sent since the last tick: the rate the unsent bound follows. */
+  /** Bytes sent since the last tick: the rate the two queue bounds follow. */
   private sentSinceTick = 0;
   private unsentBound = 0;
+  /** What may wait in the process before send() says stop: timing.highWaterMark at the most. */
+  private queueBound: number;
 
   constructor(
     private readonly secure: tls.TLSSocket,
@@ -365,6 +370,7 @@ class TcpLink implements Link {
     role: 'dialer' | 'acceptor',
     private readonly boundUnsent?: (socket: Duplex, bytes: number) => void,
   ) {
+    this.queueBound = timing.highWaterMark;
     this.accepted = new Promise<void>((resolve, reject) => {
       this.settleAccepted = (error) => (error ? reject(error) : resolve());
     });
@@ -431,7 +437,7 @@ class TcpLink implements Link {
     if (this.finished) return true;
     for (const m of messages) this.sentSinceTick += m.length;
     writePieces(this.secure, dataFrameChunks(messages));
-    if (this.secure.writableLength <= this.timing.highWaterMark) return true;
+    if (this.secure.writableLength <= this.queueBound) return true;
     this.wantDrain = true;
     return false;
   }
@@ -494,12 +500,14 @@ class TcpLink implements Link {
     }
   }
 
-  /** Sets the kernel's unsent bound to UNSENT_MS of what was sent over the last `elapsedMs`. */
+  /** Sets both queue bounds to FOLLOW_MS of what was sent over the last `elapsedMs`. */
   private followSendRate(elapsedMs: number): void {
-    if (!this.boundUnsent) return;
     const rate = elapsedMs > 0 ? this.sentSinceTick / elapsedMs : 0;
     this.sentSinceTick = 0;
-    const bound = Math.min(UNSENT_MAX, Math.max(UNSENT_MIN, Math.round(rate * UNSENT_MS)));
+    const follow = Math.max(FOLLOW_MIN, Math.round(rate * FOLLOW_MS));
+    this.queueBound = Math.min(this.timing.highWaterMark, follow);
+    if (!this.boundUnsent) return;
+    const bound = Math.min(UNSENT_MAX, follow);
     // A change within a quarter is noise, not worth a system call.
     if (this.unsentBound > 0 && Math.abs(bound - this.unsentBound) < this.unsentBound / 4) return;
     this.unsentBound = bound;
