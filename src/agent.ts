@@ -560,9 +560,15 @@ async function buildDataPlane(
     backoff,
     directory,
     keepaliveIntervalMs: failover.intervalMs,
-    // A socket closed already has nothing to bound; anything else is the addon's bug.
+    // A socket closed already has nothing to bound. Called from the links' timers, so a failure
+    // is logged, not thrown: the tunnel works on, only with the kernel's own queue.
     boundUnsent: (socket, bytes) => {
-      if (!socket.destroyed) setNotSentLowat(socket, bytes);
+      if (socket.destroyed) return;
+      try {
+        setNotSentLowat(socket, bytes);
+      } catch (err) {
+        log.warn({ err, bytes }, "cannot bound a tunnel socket's unsent bytes");
+      }
     },
   });
   const apiPort = Number(config.advertise.slice(config.advertise.lastIndexOf(':') + 1));

@@ -263,10 +263,10 @@ export const emptyStats = (): StreamStats => ({
   refused: 0,
 });
 
-/** What a limited stream asks its pacer for at a time (PACED_QUANTUM_MS of the rate). */
 /** Streams of this peer wait: for the link to drain, or for the outbox to be flushed. */
 const isFull = (peer: PeerState): boolean => peer.blocked || peer.outboxBytes >= OUTBOX_LIMIT;
 
+/** What a limited stream asks its pacer for at a time (PACED_QUANTUM_MS of the rate). */
 function pacedQuantum(pacer: Pacer): number {
   const rate = pacer.bytesIn?.(PACED_QUANTUM_MS) ?? 0;
   if (rate <= 0) return MAX_DATA_PAYLOAD;

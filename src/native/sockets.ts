@@ -88,8 +88,18 @@ let addon: NativeAddon | undefined;
 /** Loaded on first use, so that importing this module (for its types) never needs the built addon. */
 function nativeAddon(): Required<NativeAddon> {
   addon ??= loadAddon<NativeAddon>('mesh_sockets.node');
-  if (!addon?.openTransparentListener || !addon.Connect || !addon.setReceiveBuffer || !addon.setNotSentLowat)
-    throw new Error(`transparent and marked sockets are Linux-only (this is ${process.platform})`);
+  if (
+    !addon?.openTransparentListener ||
+    !addon.Connect ||
+    !addon.setReceiveBuffer ||
+    !addon.setNotSentLowat
+  ) {
+    throw new Error(
+      process.platform === 'linux'
+        ? 'the mesh_sockets addon is older than this build: rebuild it (npm rebuild)'
+        : `transparent and marked sockets are Linux-only (this is ${process.platform})`,
+    );
+  }
   return addon as Required<NativeAddon>;
 }
 

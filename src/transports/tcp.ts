@@ -68,7 +68,8 @@ export interface TcpTransportOptions {
   backoff?: BackoffOptions;
   /**
    * send() returns false above this many bytes waiting in the process (at least 64 KiB), or
-   * above FOLLOW_MS of the link's send rate if that is less (64 KiB at the least). Default
+   * above what the link's send rate fills in FOLLOW_MS (followSendRate) if that is less, 64 KiB
+   * at the least. Default
    * 256 KiB: the kernel's socket buffer holds what is in flight on the wire, so a larger queue here
    * only delays every tunneled packet behind it (4 MiB at 100 Mbit/s is a third of a second) and,
    * measured on loopback, costs throughput and CPU (bench/transports/tcp-throughput.ts).
@@ -99,7 +100,8 @@ export interface TcpTransportOptions {
 
 /**
  * Each of a link's two queues, its socket's unsent bytes in the kernel (boundUnsent) and what
- * waits in the process (highWaterMark), holds at most this long of its current send rate: at
+ * waits in the process (highWaterMark), holds about this long of its current send rate (longer
+ * while the event loop lags: followSendRate), measured on each tick of the link: at
  * 100 Mbit/s 64 KiB each (5 ms) instead of the 1 MB the kernel and the 256 KiB the process let
  * wait, at 2 Gbit/s about 1 MB in the kernel, which the event loop refills in time. A fixed
  * 128 KiB in the kernel cost the stream bench about a tenth of its throughput.
@@ -361,6 +363,8 @@ class TcpLink implements Link {
   private unsentBound = 0;
   /** What may wait in the process before send() says stop: timing.highWaterMark at the most. */
   private queueBound: number;
+  /** How late recent ticks ran: the longest the event loop may leave the queues unfilled. */
+  private loopLagMs = 0;
 
   constructor(
     private readonly secure: tls.TLSSocket,
@@ -424,7 +428,7 @@ class TcpLink implements Link {
     // Fine enough that death is noticed within a quarter of the shorter period of its deadline.
     this.tickMs = Math.max(5, Math.min(keepaliveIntervalMs, deadAfterMs) / 4);
     this.lastTickAt = performance.now();
-    this.followSendRate(0);
+    this.followSendRate(0, 0);
     this.ticker = setInterval(() => this.tick(), this.tickMs);
     this.ticker.unref();
   }
@@ -485,7 +489,7 @@ class TcpLink implements Link {
     // tunnel dead at once. A loop that is merely slow still finds dead peers, only later.
     const gap = now - this.lastTickAt;
     this.lastTickAt = now;
-    this.followSendRate(gap);
+    this.followSendRate(gap, gap - this.tickMs);
     if (gap > this.tickMs * 2) this.lastReceivedAt = Math.min(now, this.lastReceivedAt + gap - this.tickMs);
     const silentMs = now - this.lastReceivedAt;
     if (silentMs > this.timing.deadAfterMs) {
@@ -500,16 +504,26 @@ class TcpLink implements Link {
     }
   }
 
-  /** Sets both queue bounds to FOLLOW_MS of what was sent over the last `elapsedMs`. */
-  private followSendRate(elapsedMs: number): void {
+  /**
+   * Sets both queue bounds to what was sent over the last `elapsedMs`, times FOLLOW_MS or twice
+   * the event loop's recent lag (`lateMs`: how late this tick's timer ran), whichever is more.
+   * The queues must last until the loop comes back to refill them: a tunnel whose bounds held
+   * less would send less, measure less and bound tighter still, down to the least bound.
+   */
+  private followSendRate(elapsedMs: number, lateMs: number): void {
     const rate = elapsedMs > 0 ? this.sentSinceTick / elapsedMs : 0;
     this.sentSinceTick = 0;
-    const follow = Math.max(FOLLOW_MIN, Math.round(rate * FOLLOW_MS));
+    // The worst recent lag, forgotten by a fifth a tick.
+    this.loopLagMs = Math.max(lateMs, this.loopLagMs * 0.8);
+    const coverMs = Math.max(FOLLOW_MS, 2 * this.loopLagMs);
+    const follow = Math.max(FOLLOW_MIN, Math.round(rate * coverMs));
     this.queueBound = Math.min(this.timing.highWaterMark, follow);
     if (!this.boundUnsent) return;
     const bound = Math.min(UNSENT_MAX, follow);
-    // A change within a quarter is noise, not worth a system call.
-    if (this.unsentBound > 0 && Math.abs(bound - this.unsentBound) < this.unsentBound / 4) return;
+    // A change within a quarter is noise, not worth a system call; the ends are always reached.
+    const atEnd = bound === FOLLOW_MIN || bound === UNSENT_MAX;
+    if (bound === this.unsentBound) return;
+    if (!atEnd && this.unsentBound > 0 && Math.abs(bound - this.unsentBound) < this.unsentBound / 4) return;
     this.unsentBound = bound;
     this.boundUnsent(this.carrier, bound);
   }

@@ -77,7 +77,8 @@ export interface Tunnel {
    * Queues messages for the peer, in order, coalesced into as few writes as possible. Large
    * buffers may be written by reference, after send() returned: the caller must not change a
    * buffer it has sent (fresh buffers, or views of them, are what callers send).
-   * Returns false when the bytes waiting to be written exceed the high-water mark: the caller
+   * Returns false when the bytes waiting to be written exceed the high-water mark (or less, for a
+   * transport that sizes its queue by its send rate: tcp), and the caller
    * should pause its input until the transport's `drain` event for this peer (the messages of
    * this call are queued all the same). While not up, messages are dropped and counted (they are
    * IP packets; the protocols inside recover) and send returns true, as there is nothing to wait
