@@ -446,6 +446,11 @@ export class StreamMux {
     const peer = this.peers.get(peerId);
     if (!peer?.blocked) return;
     peer.blocked = false;
+    this.pumpAll(peer);
+  }
+
+  /** Every stream of the peer sends what it may, each in its turn (a copy: pump may free one). */
+  private pumpAll(peer: PeerState): void {
     for (const s of [...peer.streams.values()]) this.pump(s);
   }
 
@@ -857,7 +862,7 @@ export class StreamMux {
     peer.spare = batch;
     if (below) {
       // Streams that stopped at OUTBOX_LIMIT go on, each in its turn, as after onDrain.
-      if (wasFull && !peer.blocked) for (const s of [...peer.streams.values()]) this.pump(s);
+      if (wasFull && !peer.blocked) this.pumpAll(peer);
       return;
     }
     if (peer.blocked) return;

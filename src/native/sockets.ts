@@ -236,9 +236,8 @@ export function socketFromFd(fd: number): net.Socket {
  */
 export function setReceiveBuffer(socket: net.Socket, bytes: number): number | null {
   checkInteger(bytes, 1, 2 ** 30, 'bytes');
-  const fd = (socket as unknown as { _handle?: { fd?: unknown } })._handle?.fd;
-  if (typeof fd !== 'number' || fd < 0) return null;
-  return nativeAddon().setReceiveBuffer(fd, bytes);
+  const fd = fdOf(socket);
+  return fd === undefined ? null : nativeAddon().setReceiveBuffer(fd, bytes);
 }
 
 /**
@@ -249,7 +248,12 @@ export function setReceiveBuffer(socket: net.Socket, bytes: number): number | nu
  */
 export function setNotSentLowat(socket: Duplex, bytes: number): number | null {
   checkInteger(bytes, 1, 2 ** 30, 'bytes');
+  const fd = fdOf(socket);
+  return fd === undefined ? null : nativeAddon().setNotSentLowat(fd, bytes);
+}
+
+/** The fd of a socket's TCP handle (`_handle.fd`, set for TCP and TLS on Linux), or undefined once closed. */
+function fdOf(socket: Duplex): number | undefined {
   const fd = (socket as unknown as { _handle?: { fd?: unknown } })._handle?.fd;
-  if (typeof fd !== 'number' || fd < 0) return null;
-  return nativeAddon().setNotSentLowat(fd, bytes);
+  return typeof fd === 'number' && fd >= 0 ? fd : undefined;
 }
