@@ -44,6 +44,21 @@
       "xcode_settings": { "CLANG_CXX_LANGUAGE_STANDARD": "c++17" }
     },
     {
+      # AES-256-GCM with a context kept per session direction, for the kcp transport's datagrams
+      # (src/native/aead.ts). OpenSSL is the one Node links: its headers come with Node's, its
+      # symbols from the node binary.
+      "target_name": "mesh_aead",
+      "sources": ["native/aead.cc"],
+      "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],
+      "defines": [
+        "NAPI_VERSION=8",
+        "NODE_ADDON_API_DISABLE_CPP_EXCEPTIONS",
+        "NODE_ADDON_API_DISABLE_DEPRECATED"
+      ],
+      "cflags_cc": ["-std=c++17", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+      "xcode_settings": { "CLANG_CXX_LANGUAGE_STANDARD": "c++17" }
+    },
+    {
       # Netlink requests and libnftables listings, for reading the kernel without a process per
       # question (src/native/netlink.ts; docs/architecture.md, "Reading the kernel").
       "target_name": "mesh_netlink",

@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict';
-import { generateKeyPairSync, randomBytes } from 'node:crypto';
+import { createCipheriv, generateKeyPairSync, randomBytes } from 'node:crypto';
 import { describe, it } from 'node:test';
 import { prng, SEED } from '../../../test/helpers/seeded-random.js';
 import { peerIdFromPublicKey } from '../../domain/ids.js';
@@ -150,7 +150,9 @@ describe('secure datagrams: handshake', () => {
     const d = s.seal(Buffer.from('x'));
     assert.equal(d.subarray(0, 13).toString('hex'), '03deadbeef0102030405060708');
     assert.equal(s.nextCounter, 0x0102030405060709n);
-    // sealParts: the same datagram in three buffers of its own each call.
+    // Each seal is a buffer of its own (a pending send may still hold the previous one), and the
+    // bytes are node:crypto's AES-256-GCM: nonce 4 zero bytes || counter, AAD the header. Agents
+    // that sealed with node:crypto and agents that seal natively read each other.
     const rx = new SecureSession({
       localIndex: 0xdeadbeef,
       remoteIndex: 1,
@@ -159,16 +161,22 @@ describe('secure datagrams: handshake', () => {
       role: 'responder',
       createdMs: NOW,
     });
-    const parts = s.sealParts(Buffer.from('yz'));
-    const next = s.sealParts(Buffer.from('yz'));
-    assert.deepEqual(
-      parts.map((p) => p.length),
-      [13, 2, 16],
+    const sealed = s.seal(Buffer.from('yz'));
+    const next = s.seal(Buffer.from('yz'));
+    assert.equal(sealed.length, 13 + 2 + 16);
+    assert.equal(sealed.subarray(0, 13).toString('hex'), '03deadbeef0102030405060709');
+    assert.equal(
+      next.subarray(0, 13).toString('hex'),
+      '03deadbeef010203040506070a',
+      'the sealed is left as it was',
     );
-    assert.equal(parts[0].toString('hex'), '03deadbeef0102030405060709');
-    assert.equal(next[0].toString('hex'), '03deadbeef010203040506070a', 'the first header is left as it was');
-    assert.deepEqual(rx.open(Buffer.concat(next)), Buffer.from('yz'));
-    assert.deepEqual(rx.open(Buffer.concat(parts)), Buffer.from('yz'));
+    const nonce = Buffer.concat([Buffer.alloc(4), sealed.subarray(5, 13)]);
+    const cipher = createCipheriv('aes-256-gcm', Buffer.alloc(32, 1), nonce, { authTagLength: 16 });
+    cipher.setAAD(sealed.subarray(0, 13));
+    const expected = Buffer.concat([cipher.update('yz'), cipher.final(), cipher.getAuthTag()]);
+    assert.deepEqual(sealed.subarray(13), expected);
+    assert.deepEqual(rx.open(next), Buffer.from('yz'));
+    assert.deepEqual(rx.open(sealed), Buffer.from('yz'));
     assert.deepEqual(rx.open(d), Buffer.from('x'));
     assert.throws(
       () =>
@@ -623,8 +631,10 @@ describe('secure datagrams: SecureEndpoint', () => {
       data(e.A.receive(e.B.seal(e.a.id, Buffer.from('pong'))!, '192.0.2.2', NOW)),
       Buffer.from('pong'),
     );
-    const parts = e.A.sealParts(e.b.id, Buffer.from('in parts'))!;
-    assert.deepEqual(data(e.B.receive(Buffer.concat(parts), '192.0.2.1', NOW)), Buffer.from('in parts'));
+    assert.deepEqual(
+      data(e.B.receive(e.A.seal(e.b.id, Buffer.from('again'))!, '192.0.2.1', NOW)),
+      Buffer.from('again'),
+    );
     const sa = e.A.stats();
     const sb = e.B.stats();
     assert.deepEqual(sa.handshakes, { initiated: 1, answered: 0, completed: 1, confirmed: 0 });

@@ -1,8 +1,8 @@
 /**
  * The authenticated, encrypted datagram layer of the `kcp` transport, between the UDP socket and
  * the KCP engine (kcp.ts): a 1-RTT handshake bound to the peers' Ed25519 identity keys, then
- * AES-256-GCM datagrams with a sliding replay window. Pure: node:crypto only, no sockets, no timers;
- * every call that needs the time takes `nowMs`, which must be WALL-CLOCK ms (Date.now()): the INIT
+ * AES-256-GCM datagrams with a sliding replay window. Pure apart from its cipher contexts
+ * (node:crypto for the handshake, src/native/aead.ts for DATA): no sockets, no timers; every call that needs the time takes `nowMs`, which must be WALL-CLOCK ms (Date.now()): the INIT
  * timestamp is compared with the responder's clock. Used by the kcp transport only.
  *
  * Shaped after WireGuard, but with the peers' Ed25519 signatures instead of Noise IK's static DH
@@ -28,10 +28,11 @@
  * Why AES-256-GCM and not ChaCha20-Poly1305: the machines this runs on have AES-NI (and VAES /
  * PCLMULQDQ), where OpenSSL's GCM is the faster AEAD on bulk data: bench/transports/tcp-throughput
  * measured the tcp tunnel at 564 MB/s with AES-GCM vs 484 MB/s with ChaCha20-Poly1305. For one
- * 1200-byte datagram at a time Node's per-call cipher set-up dominates and the two (and
+ * 1200-byte datagram at a time node:crypto's per-call cipher set-up dominated and the two (and
  * AES-128-GCM) came out within the bench's noise of each other (bench/transports/kcp-seal), so
  * nothing argues against the stronger key; AES-256 also keeps the same margin as WireGuard's
- * 256-bit keys.
+ * 256-bit keys. That set-up is why DATA goes through src/native/aead.ts: OpenSSL's AES-256-GCM
+ * with the key expanded once per session direction, many times cheaper per datagram.
  *
  * Roles: the LOWER peer id dials (as tunnel-keeper.ts), so it is the initiator. The responder
  * accepts an INIT only from an active peer (`peerByKey`) whose id is lower than its own, with a
@@ -56,9 +57,8 @@
  *   `fromAddress` is the source IP WITHOUT the port (a flood from one host would vary the port).
  * - `completeInit(pending, response, nowMs)` -> { ok, session } | { ok: false, reason }: verifies with
  *   the key the INIT was made for; a refused RESPONSE leaves the pending INIT usable.
- * - `SecureSession`: `seal(plaintext)` -> DATA; `sealParts(plaintext)` -> the same DATA as [header,
- *   ciphertext, tag] for socket.send([...]) without assembling it; `open(datagram)` -> plaintext |
- *   'auth' | 'replay' | 'malformed'.
+ * - `SecureSession`: `seal(plaintext)` -> DATA (one new buffer); `open(datagram)` -> plaintext (a
+ *   view of the datagram, decrypted in place) | 'auth' | 'replay' | 'malformed'.
  * - `datagramKind(d)`, `receiverIndex(d)`: for routing received datagrams.
  *
  * API, composed (`SecureEndpoint`, one per node; what the transport is meant to use): index
@@ -69,8 +69,7 @@
  *   | { kind: 'reply', peerId, datagram } (send it back to the source) | { kind: 'established', peerId }
  *   (our INIT was answered: send a DATA at once, a keepalive if nothing else, so that the responder
  *   can use the session) | { kind: 'dropped', reason }.
- * - `seal(peerId, plaintext)` -> DATA (`sealParts` likewise), or undefined while the peer has no
- *   usable session.
+ * - `seal(peerId, plaintext)` -> DATA, or undefined while the peer has no usable session.
  * - `rekeyDue(peerId, nowMs)`, `hasSession(peerId)`, `dropPeer(peerId)`, `stats()`.
  * Rotation: an initiator sends on its new session at once and keeps the old one for receiving
  * until the new one opens its first DATA; a responder keeps sending on the old session until the
@@ -82,11 +81,8 @@
  * send a DATA at once; map the `dropped` reasons onto its metrics (stats() keeps the counts).
  */
 import {
-  createCipheriv,
-  createDecipheriv,
   createHash,
   createPublicKey,
-  createSecretKey,
   verify as cryptoVerify,
   diffieHellman,
   generateKeyPairSync,
@@ -96,6 +92,7 @@ import {
   sign,
 } from 'node:crypto';
 import { peerIdFromPublicKey } from '../../domain/ids.js';
+import { AeadOpener, AeadSealer } from '../../native/aead.js';
 
 export const PROTOCOL_VERSION = 1;
 export const TYPE_INIT = 1;
@@ -307,12 +304,12 @@ export class SecureSession {
   readonly receiveKeyId: string;
   /** Datagrams opened (authenticated and fresh) by this session. */
   opened = 0;
-  private readonly sendKey: KeyObject;
-  private readonly receiveKey: KeyObject;
+  private readonly sealer: AeadSealer;
+  private readonly opener: AeadOpener;
   private readonly window = new ReplayWindow();
   private sendHi: number;
   private sendLo: number;
-  // Nonce scratch buffers: createCipheriv copies the IV, so one per direction can be reused.
+  // Nonce scratch buffers: each call reads its nonce before it returns.
   private readonly sendNonce = Buffer.alloc(12);
   private readonly receiveNonce = Buffer.alloc(12);
 
@@ -325,8 +322,8 @@ export class SecureSession {
     this.remoteIndex = init.remoteIndex;
     this.role = init.role;
     this.createdMs = init.createdMs;
-    this.sendKey = createSecretKey(init.sendKey);
-    this.receiveKey = createSecretKey(init.receiveKey);
+    this.sealer = new AeadSealer(init.sendKey);
+    this.opener = new AeadOpener(init.receiveKey);
     this.sendKeyId = keyId(init.sendKey);
     this.receiveKeyId = keyId(init.receiveKey);
     const first = init.firstCounter ?? 0n;
@@ -350,44 +347,35 @@ export class SecureSession {
     return this.sendHi >= REKEY_COUNTER_HI;
   }
 
-  /** A DATA datagram carrying the plaintext; RangeError once 2^60 counters are used (rekey first). */
-  seal(plaintext: Buffer): Buffer {
-    const parts = this.sealParts(plaintext);
-    return Buffer.concat(parts, DATA_OVERHEAD + plaintext.length);
-  }
-
   /**
-   * The same DATA as three buffers (header, ciphertext, tag) that together are the datagram, for a
-   * vectored send (dgram's socket.send([...]) takes a list) without assembling it: the copy and the
-   * second allocation seal() makes cost about a tenth of a seal (bench/transports/kcp-seal). Each
-   * call returns buffers of its own (a pending send may still hold the previous ones).
+   * A DATA datagram carrying the plaintext, in one new buffer (a pending send may still hold the
+   * previous one); RangeError once 2^60 counters are used (rekey first).
    */
-  sealParts(plaintext: Buffer): [header: Buffer, ciphertext: Buffer, tag: Buffer] {
+  seal(plaintext: Buffer): Buffer {
     if (this.sendHi >= COUNTER_HI_LIMIT)
       throw new RangeError('session exhausted: 2^60 datagrams sealed, rekey');
-    const header = Buffer.allocUnsafe(DATA_HEADER_BYTES);
-    header[0] = TYPE_DATA;
-    header.writeUInt32BE(this.remoteIndex, 1);
-    header.writeUInt32BE(this.sendHi, 5);
-    header.writeUInt32BE(this.sendLo, 9);
+    const datagram = Buffer.allocUnsafe(DATA_OVERHEAD + plaintext.length);
+    datagram[0] = TYPE_DATA;
+    datagram.writeUInt32BE(this.remoteIndex, 1);
+    datagram.writeUInt32BE(this.sendHi, 5);
+    datagram.writeUInt32BE(this.sendLo, 9);
+    plaintext.copy(datagram, DATA_HEADER_BYTES);
     this.sendNonce.writeUInt32BE(this.sendHi, 4);
     this.sendNonce.writeUInt32BE(this.sendLo, 8);
     if (this.sendLo === U32 - 1) {
       this.sendLo = 0;
       this.sendHi++;
     } else this.sendLo++;
-    const cipher = createCipheriv('aes-256-gcm', this.sendKey, this.sendNonce, { authTagLength: TAG_BYTES });
-    cipher.setAAD(header);
-    const ciphertext = plaintext.length > 0 ? cipher.update(plaintext) : EMPTY;
-    cipher.final();
-    return [header, ciphertext, cipher.getAuthTag()];
+    this.sealer.seal(this.sendNonce, datagram, DATA_HEADER_BYTES);
+    return datagram;
   }
 
   /**
    * The plaintext of a DATA for this session, or why not: `malformed` (too short, not DATA, another
    * session's index, counter >= 2^60), `replay` (seen, or older than the window), `auth` (failed
    * authentication). Only a datagram that opens changes the session (its window and `opened`).
-   * The plaintext is a new Buffer.
+   * Decrypts in place: the plaintext is a view of `d`, whose bytes change even when the datagram
+   * fails to authenticate.
    */
   open(d: Buffer): Buffer | OpenFailure {
     if (d.length < DATA_OVERHEAD || d[0] !== TYPE_DATA || d.readUInt32BE(1) !== this.localIndex)
@@ -396,27 +384,13 @@ export class SecureSession {
     const lo = d.readUInt32BE(9);
     if (hi >= COUNTER_HI_LIMIT) return 'malformed';
     if (!this.window.check(hi, lo)) return 'replay';
-    const tagAt = d.length - TAG_BYTES;
     d.copy(this.receiveNonce, 4, 5, DATA_HEADER_BYTES);
-    const decipher = createDecipheriv('aes-256-gcm', this.receiveKey, this.receiveNonce, {
-      authTagLength: TAG_BYTES,
-    });
-    decipher.setAAD(d.subarray(0, DATA_HEADER_BYTES));
-    decipher.setAuthTag(d.subarray(tagAt));
-    const plaintext =
-      tagAt > DATA_HEADER_BYTES ? decipher.update(d.subarray(DATA_HEADER_BYTES, tagAt)) : EMPTY;
-    try {
-      decipher.final();
-    } catch {
-      return 'auth';
-    }
+    if (!this.opener.open(this.receiveNonce, d, DATA_HEADER_BYTES)) return 'auth';
     this.window.mark(hi, lo);
     this.opened++;
-    return plaintext;
+    return d.subarray(DATA_HEADER_BYTES, d.length - TAG_BYTES);
   }
 }
-
-const EMPTY = Buffer.alloc(0);
 
 function keyId(key: Buffer): string {
   return createHash('sha256').update(key).digest('hex').slice(0, 16);
@@ -873,17 +847,6 @@ export class SecureEndpoint {
     if (!session || session.exhausted) return undefined;
     this.counts.sealed++;
     return session.seal(plaintext);
-  }
-
-  /** seal() as the three parts of the datagram (SecureSession.sealParts), for a vectored send. */
-  sealParts(
-    peerId: string,
-    plaintext: Buffer,
-  ): [header: Buffer, ciphertext: Buffer, tag: Buffer] | undefined {
-    const session = this.peers.get(peerId)?.current;
-    if (!session || session.exhausted) return undefined;
-    this.counts.sealed++;
-    return session.sealParts(plaintext);
   }
 
   /** Whether seal() works for the peer. */
