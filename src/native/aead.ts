@@ -2,7 +2,7 @@
  * AES-256-GCM for datagrams, with the key expanded once per context: the only module that loads
  * build/Release/mesh_aead.node (native/aead.cc, OpenSSL through the node binary). node:crypto
  * needs a new cipher object per nonce, which costs many times the encryption of a 1200-byte
- * datagram (docs/architecture.md, "Native code"). Used by the kcp transport's sessions; imports
+ * datagram (docs/architecture.md, "What is written by hand, and why"). Used by the kcp transport's sessions; imports
  * nothing but Node built-ins.
  *
  * Both calls work in place on one datagram laid out as [aad][text][tag: 16 bytes], so a seal

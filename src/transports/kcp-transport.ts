@@ -477,6 +477,8 @@ export class KcpTransport extends TunnelKeeper {
     this.counts.bytesIn += data.length;
     if (this.closed) return;
     const from = unmapped(rinfo.address);
+    // `data` is this datagram's own buffer (dgram allocates one per message): DATA is decrypted in
+    // it and its payload kept as a view of it (SecureEndpoint.receive).
     const received = this.endpoint.receive(data, from, Date.now());
     switch (received.kind) {
       case 'dropped': {

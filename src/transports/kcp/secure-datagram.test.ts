@@ -176,7 +176,12 @@ describe('secure datagrams: handshake', () => {
     const expected = Buffer.concat([cipher.update('yz'), cipher.final(), cipher.getAuthTag()]);
     assert.deepEqual(sealed.subarray(13), expected);
     assert.deepEqual(rx.open(next), Buffer.from('yz'));
-    assert.deepEqual(rx.open(sealed), Buffer.from('yz'));
+    // Opened in place: the plaintext is a view of the datagram itself.
+    const opened = rx.open(sealed);
+    assert.ok(Buffer.isBuffer(opened));
+    assert.deepEqual(opened, Buffer.from('yz'));
+    assert.equal(opened.buffer, sealed.buffer);
+    assert.equal(opened.byteOffset, sealed.byteOffset + 13);
     assert.deepEqual(rx.open(d), Buffer.from('x'));
     assert.throws(
       () =>

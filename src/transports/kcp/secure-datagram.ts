@@ -921,6 +921,9 @@ export class SecureEndpoint {
       return { kind: 'dropped', reason: 'no-session' };
     }
     const { peerId, session } = entry;
+    // One session, one try: open() decrypts in place, so after a refusal `d` holds garbage, and
+    // the payload it returns is a view of `d`, which the KCP engine keeps (kcp.ts): `d` must be a
+    // buffer of this datagram's own, never a shared receive area.
     const result = session.open(d);
     if (typeof result === 'string') {
       if (result === 'auth') this.counts.authFailures++;
