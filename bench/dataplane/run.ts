@@ -69,8 +69,8 @@
  * (tcp transport) path is NOT delayed: the proxy is UDP only and there is no netem here. Each mesh
  * path's RTT is checked by ping through it (pathChecks in the JSON) and mesh-kcp's by its KCP RTT.
  * A/B against another build: MESH_BASELINE=DIR (a checkout with dist/ and build/Release/ built)
- * adds path `mesh-base`, the `mesh` service between agents of that build (the agents are
- * restarted whenever the next path needs the other build). MESH_NODE_ARGS="..." gives this
+ * adds path `mesh-base`, the `mesh` service between agents of that build, and `mesh-kcp-base`,
+ * the `mesh-kcp` one (the agents are restarted whenever the next path needs the other build). MESH_NODE_ARGS="..." gives this
  * build's agents Node options of their own (e.g. --initial-old-space-size=32).
  */
 import { type ChildProcess, spawn } from 'node:child_process';
@@ -220,10 +220,12 @@ interface Proc {
  * The agent's paths: `mesh` (NAT exit), `mesh-mv` (MACVLAN exit), `mesh-tp` (fully transparent),
  * `mesh-kcp` (the same service as `mesh` with transport_type kcp).
  */
-const MESH_PATHS = ['mesh', 'mesh-mv', 'mesh-tp', 'mesh-kcp', 'mesh-base'];
+const MESH_PATHS = ['mesh', 'mesh-mv', 'mesh-tp', 'mesh-kcp', 'mesh-base', 'mesh-kcp-base'];
 const isMeshPath = (path: string): boolean => MESH_PATHS.includes(path);
-/** Which build's agents a mesh path runs on: `mesh-base` on MESH_BASELINE's, the others on this one's. */
-const buildOf = (path: string): string => (path === 'mesh-base' ? S.baseline! : REPO_ROOT);
+/** Which build's agents a mesh path runs on: the `-base` paths on MESH_BASELINE's, the others on this one's. */
+const buildOf = (path: string): string => (path.endsWith('-base') ? S.baseline! : REPO_ROOT);
+/** The mesh paths whose service has transport_type kcp. */
+const isKcpPath = (path: string): boolean => path === 'mesh-kcp' || path === 'mesh-kcp-base';
 
 /** A path's tunnel processes: the agents, this bench's relays, or the daemons paths.sh started (its pids file: "tag pid" lines). */
 function tunnelProcs(path: string): Proc[] {
@@ -492,7 +494,7 @@ async function meshDelayDown(): Promise<void> {
 
 /** The proxies a path's traffic crosses (their CPU is recorded apart from the tunnel's). */
 const impairsOf = (path: string): NsProcess[] =>
-  path === 'mesh-kcp'
+  isKcpPath(path)
     ? impairs.filter((i) => i.name === 'mesh-kcp')
     : path.startsWith('kcp-')
       ? impairs.filter((i) => i.name.startsWith('kcp-'))
@@ -787,7 +789,7 @@ async function meshUp(path: string): Promise<void> {
   const a = ingress!;
   const b = exit!;
   const exitMode =
-    path === 'mesh' || path === 'mesh-kcp' || path === 'mesh-base'
+    path === 'mesh' || isKcpPath(path) || path === 'mesh-base'
       ? {}
       : {
           requires_interface: true,
@@ -796,7 +798,7 @@ async function meshUp(path: string): Promise<void> {
         };
   const res = await a.agent.client.post('/v1/services', {
     token: a.token,
-    json: { target_peer_id: b.peerId, transport_type: path === 'mesh-kcp' ? 'kcp' : 'tcp', ...exitMode },
+    json: { target_peer_id: b.peerId, transport_type: isKcpPath(path) ? 'kcp' : 'tcp', ...exitMode },
   });
   if (res.status !== 201) throw new Error(`create service: ${res.status} ${res.text}`);
   const id = res.body.id as string;
@@ -815,7 +817,7 @@ async function meshUp(path: string): Promise<void> {
     return true;
   });
   // The ingress's word that the tunnel to the exit is of the path's transport.
-  const transport = path === 'mesh-kcp' ? 'kcp' : 'tcp';
+  const transport = isKcpPath(path) ? 'kcp' : 'tcp';
   await until(`tunnel over ${transport} up`, 30_000, async () => {
     const m = await a.agent.client.get('/metrics', { token: a.token });
     const line = m.text
@@ -989,7 +991,7 @@ async function measure(rep: number, path: string, metric: Metric, fn: () => Prom
       )
     : 0;
   const loss0 = await lossCounters();
-  const kcp = path === 'mesh-kcp';
+  const kcp = isKcpPath(path);
   const kr0 = kcp ? await Promise.all([kcpRetransmissions(ingress!), kcpRetransmissions(exit!)]) : undefined;
   const load0 = loadavg()[0]!;
   const perf =
@@ -1157,7 +1159,7 @@ async function pathCheck(rep: number, path: string): Promise<void> {
   const r = await inNs(NS.client, 'ping', ['-c', '5', '-i', '0.2', '-W', '3', IP.dest], 20_000);
   const m = /= [\d.]+\/([\d.]+)\//.exec(r.out);
   const c: (typeof pathChecks)[number] = { rep, path, pingRttMs: m ? Number(m[1]) : null, out: r.out.trim() };
-  if (path === 'mesh-kcp') c.kcpRttMs = 1000 * (await metricSum(ingress!, 'mesh_kcp_rtt_seconds'));
+  if (isKcpPath(path)) c.kcpRttMs = 1000 * (await metricSum(ingress!, 'mesh_kcp_rtt_seconds'));
   pathChecks.push(c);
   log(
     `  rep ${rep} ${path}: ping avg RTT ${c.pingRttMs ?? 'n/a'} ms${c.kcpRttMs !== undefined ? `, KCP RTT ${c.kcpRttMs.toFixed(1)} ms` : ''}`,
@@ -1507,7 +1509,8 @@ async function main(): Promise<void> {
     if ((await run('sh', ['-c', `command -v ${b}`])).code !== 0)
       throw new Error(`missing ${b}: run ${join(ANCHORS, 'install-deps.sh')}`);
   }
-  if (S.paths.includes('mesh-base') && !S.baseline) throw new Error('path mesh-base needs MESH_BASELINE');
+  for (const base of ['mesh-base', 'mesh-kcp-base'])
+    if (S.paths.includes(base) && !S.baseline) throw new Error(`path ${base} needs MESH_BASELINE`);
   for (const p of S.paths)
     if (
       !['direct', 'wg', 'stunnel', 'socat', 'nodetls', 'kcp-aes-w', 'kcp-none-w', ...MESH_PATHS].includes(p)
@@ -1526,7 +1529,7 @@ async function main(): Promise<void> {
     for (const m of [MGMT.ingress, MGMT.exit]) await run('ip', ['link', 'del', m.host]);
     await anchors('topology.sh', 'up');
     await anchors('paths.sh', 'services-up');
-    if (S.delayMs && S.paths.includes('mesh-kcp')) await meshDelayUp();
+    if (S.delayMs && S.paths.some(isKcpPath)) await meshDelayUp();
     if (S.paths.some(isMeshPath)) {
       await mgmtUp();
       await startAgents();
