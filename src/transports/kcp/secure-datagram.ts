@@ -2,7 +2,8 @@
  * The authenticated, encrypted datagram layer of the `kcp` transport, between the UDP socket and
  * the KCP engine (kcp.ts): a 1-RTT handshake bound to the peers' Ed25519 identity keys, then
  * AES-256-GCM datagrams with a sliding replay window. Pure apart from its cipher contexts
- * (node:crypto for the handshake, src/native/aead.ts for DATA): no sockets, no timers; every call that needs the time takes `nowMs`, which must be WALL-CLOCK ms (Date.now()): the INIT
+ * (node:crypto for the handshake, src/native/aead.ts for DATA): no sockets, no timers; every
+ * call that needs the time takes `nowMs`, which must be WALL-CLOCK ms (Date.now()): the INIT
  * timestamp is compared with the responder's clock. Used by the kcp transport only.
  *
  * Shaped after WireGuard, but with the peers' Ed25519 signatures instead of Noise IK's static DH
