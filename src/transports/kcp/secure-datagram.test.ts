@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
-import { createCipheriv, generateKeyPairSync, randomBytes } from 'node:crypto';
+import { createCipheriv, createDecipheriv, generateKeyPairSync, randomBytes } from 'node:crypto';
 import { describe, it } from 'node:test';
+import { allocatedDuring } from '../../../test/helpers/allocation.js';
 import { prng, SEED } from '../../../test/helpers/seeded-random.js';
 import { peerIdFromPublicKey } from '../../domain/ids.js';
 import {
@@ -388,6 +389,34 @@ describe('secure datagrams: data and the replay window', () => {
       rx: new SecureSession({ ...common, localIndex: 9, remoteIndex: 7, sendKey: k2, receiveKey: k1 }),
     };
   }
+
+  it('allocates per datagram well under a cipher object per datagram (node:crypto), same run', async () => {
+    // The session keeps one AES-GCM context per direction (src/native/aead.ts). When written:
+    // 325-368 heap bytes per 1200-byte seal + open, against 1358-1423 for node:crypto's
+    // createCipheriv + createDecipheriv of the same bytes (0.24-0.26x); the session sealing through
+    // node:crypto, as before, read 1.36-1.40x. Heap bytes, not time: steady on a loaded machine.
+    const COUNT = 20_000;
+    const payload = randomBytes(1200);
+    const { tx, rx } = keyed(0n);
+    const session = await allocatedDuring(async () => {
+      for (let i = 0; i < COUNT; i++) assert.equal(typeof rx.open(tx.seal(payload)), 'object');
+    });
+    const key = randomBytes(32);
+    const nonce = Buffer.alloc(12);
+    const perDatagram = await allocatedDuring(async () => {
+      for (let i = 0; i < COUNT; i++) {
+        nonce.writeUInt32BE(i, 8);
+        const cipher = createCipheriv('aes-256-gcm', key, nonce, { authTagLength: 16 });
+        const ciphertext = Buffer.concat([cipher.update(payload), cipher.final()]);
+        const decipher = createDecipheriv('aes-256-gcm', key, nonce, { authTagLength: 16 });
+        decipher.setAuthTag(cipher.getAuthTag());
+        decipher.update(ciphertext);
+        decipher.final();
+      }
+    });
+    const ratio = session.heap / perDatagram.heap;
+    assert.ok(ratio < 0.6, `seal + open allocates ${ratio.toFixed(2)}x the heap of a cipher per datagram`);
+  });
 
   it('refuses every DATA with any byte flipped, and opens the untouched one afterwards', () => {
     const { tx, rx } = sessions();
