@@ -35,13 +35,18 @@ function checkLayout(nonce: Buffer, datagram: Buffer, aadLength: number): void {
     throw new RangeError('the datagram must hold aadLength bytes and a 16-byte tag');
 }
 
+/** A native context for one key and one direction. */
+function contextFor(key: Buffer, forSealing: boolean): NativeAesGcm {
+  if (key.length !== AEAD_KEY_BYTES) throw new RangeError('the key is 32 bytes');
+  return new (nativeAddon().AesGcm)(key, forSealing);
+}
+
 /** Seals datagrams under one key (one direction of a session). */
 export class AeadSealer {
   private readonly context: NativeAesGcm;
 
   constructor(key: Buffer) {
-    if (key.length !== AEAD_KEY_BYTES) throw new RangeError('the key is 32 bytes');
-    this.context = new (nativeAddon().AesGcm)(key, true);
+    this.context = contextFor(key, true);
   }
 
   /**
@@ -60,8 +65,7 @@ export class AeadOpener {
   private readonly context: NativeAesGcm;
 
   constructor(key: Buffer) {
-    if (key.length !== AEAD_KEY_BYTES) throw new RangeError('the key is 32 bytes');
-    this.context = new (nativeAddon().AesGcm)(key, false);
+    this.context = contextFor(key, false);
   }
 
   /**
