@@ -26,8 +26,16 @@ import { diff } from './diff.js';
 import { type ExitDestinations, ExitReach, type ExitReachVerdict } from './exit-reach.js';
 import type { IngressRuntime, KernelView } from './explain.js';
 import { HealthTracker, type HealthVerdict } from './health.js';
-import { AGENT_MARK, tableOf, transparentSocketMark } from './kernel/ownership.js';
-import type { KernelChange, KernelPort, KernelState, RouteQuery, RuleSpec, Tun } from './kernel/port.js';
+import { AGENT_MARK, pacerPeerName, tableOf, transparentSocketMark } from './kernel/ownership.js';
+import type {
+  KernelChange,
+  KernelPort,
+  KernelState,
+  LinkSpec,
+  RouteQuery,
+  RuleSpec,
+  Tun,
+} from './kernel/port.js';
 import { commandsOf, renderChange } from './kernel/render.js';
 import { decodeMessage, encodePacket, uuidBytes } from './packet-frames.js';
 import {
@@ -382,6 +390,8 @@ export class DataPlane {
   private stopped = false;
   private lastError: string | null = null;
   private hostProblems: string[] = [];
+  /** Why limited services are not paced on this host, or null (pacingAllowed). */
+  private pacingProblem: string | null = null;
   private readonly flushQueue = new Set<Carried>();
   private flushScheduled = false;
   private readonly peerIpCache = new Map<string, { ips: string[]; at: number }>();
@@ -954,6 +964,12 @@ export class DataPlane {
     );
     const peerIps = await this.peerIps(view.peers);
     this.lastPeerIps = peerIps;
+    const pacing = await this.pacingAllowed(
+      this.streams !== null &&
+        view.services.some(
+          (s) => s.isActive && s.sourcePeerId === view.localPeerId && (s.bandwidthLimitMbps ?? 0) > 0,
+        ),
+    );
     const next = plan({
       localPeerId: view.localPeerId,
       services: view.services,
@@ -968,6 +984,7 @@ export class DataPlane {
       interceptPort: this.streams?.port ?? null,
       agentSockets: this.streams !== null,
       transports: new Set(this.transportEntries().map(([kind]) => kind)),
+      pacing,
     });
 
     // Tunnels: one per peer and transport this agent shares a carried service with; first, so
@@ -1066,6 +1083,7 @@ export class DataPlane {
     }
     this.steppedAside.clear();
     this.resetConnections(unreachable);
+    await this.loosenPacerPeers(next.kernel.links);
     // After the apply: the MACVLANs whose rp_filter a transparent exit may set exist now.
     const services = new Map(view.services.map((s) => [s.id, s]));
     await this.transparent.check(
@@ -1698,6 +1716,56 @@ export class DataPlane {
     this.carried.delete(c.service.serviceId);
   }
 
+  /**
+   * Whether this host lets a pacer's packets back in at its peer (docs/dataplane.md, "Pacing a
+   * limited service's clients"), asked only while there is something to pace:
+   * - net.ipv4.conf.all.rp_filter strict (1) would drop them: no route to the client leads out of
+   *   the peer. The agent does not loosen `all` for this; the service is then not paced.
+   * - TCP early demux would hand a client's packet to the agent's socket before routing, and the
+   *   kernel does not forward a packet that has a socket: net.ipv4.tcp_early_demux is set to 0
+   *   (docs/decisions.md §6; logged with its old value). A packet is then routed by lookup, not
+   *   by its socket's cached route.
+   * Each reason is logged once, when it appears.
+   */
+  private async pacingAllowed(wanted: boolean): Promise<boolean> {
+    if (!wanted) return false;
+    const { kernel, logger } = this.options;
+    let reason: string | null = null;
+    if ((await kernel.readSysctl('net.ipv4.conf.all.rp_filter'))?.trim() === '1') {
+      reason =
+        'net.ipv4.conf.all.rp_filter is 1 (strict): limited services are not paced (sysctl -w net.ipv4.conf.all.rp_filter=2)';
+    } else {
+      const demux = (await kernel.readSysctl('net.ipv4.tcp_early_demux'))?.trim();
+      if (demux === '1') {
+        try {
+          await kernel.writeSysctl('net.ipv4.tcp_early_demux', '0');
+          logger.info({ key: 'net.ipv4.tcp_early_demux', was: '1', now: '0' }, 'set for pacing');
+        } catch (err) {
+          reason = `net.ipv4.tcp_early_demux could not be set to 0 (${(err as Error).message}): limited services are not paced`;
+        }
+      } else if (demux !== '0') {
+        reason = 'net.ipv4.tcp_early_demux is missing: limited services are not paced';
+      }
+    }
+    if (reason !== null && reason !== this.pacingProblem) logger.warn({ reason }, 'no pacing');
+    this.pacingProblem = reason;
+    return reason === null;
+  }
+
+  /**
+   * A pacer's peer takes its rp_filter from `default` when it is made; strict (1) there would drop
+   * every packet the pacer sends (no route to the client leads out of the peer), so it is set to
+   * loose (2) on that link alone, which is the agent's own. `all` strict stops pacing in plan.
+   */
+  private async loosenPacerPeers(links: readonly LinkSpec[]): Promise<void> {
+    const { kernel } = this.options;
+    for (const l of links) {
+      if (l.kind !== 'pacer') continue;
+      const key = `net.ipv4.conf.${pacerPeerName(l.name)}.rp_filter`;
+      if ((await kernel.readSysctl(key))?.trim() === '1') await kernel.writeSysctl(key, '2');
+    }
+  }
+
   private async uplink() {
     const found = await this.options.kernel.uplink();
     const parent = this.options.macvlanParent;
@@ -1871,7 +1939,7 @@ const DIFFERENCES_SHOWN = 50;
 function describeChange(change: KernelChange): string {
   if (change.op === 'nft') return change.ruleset === null ? 'nft: table deleted' : 'nft: table replaced';
   try {
-    return commandsOf(renderChange(change)).join('; ');
+    return renderChange(change).flatMap(commandsOf).join('; ');
   } catch {
     return `${change.op} ${Object.keys(change).find((k) => k !== 'op')}`;
   }

@@ -56,7 +56,15 @@ export function addressKey(a: AddressSpec): string {
 
 export function linkKey(l: LinkSpec): string {
   const c = canonicalLink(l);
-  return JSON.stringify([c.name, c.kind, c.parent ?? null, c.mac ?? null, c.mtu]);
+  return JSON.stringify([
+    c.name,
+    c.kind,
+    c.parent ?? null,
+    c.mac ?? null,
+    c.mtu,
+    c.rateBps ?? null,
+    c.peerAddress ?? null,
+  ]);
 }
 
 /**

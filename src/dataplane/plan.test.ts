@@ -11,6 +11,9 @@ import {
   INTERCEPT_TABLE,
   MARK_MASK,
   macvlanMac,
+  PACE_MARK,
+  paceMarkOf,
+  pacerTableOf,
   RULE_PREF,
   TRANSPARENT_MARK,
   tableOf,
@@ -244,6 +247,66 @@ describe('plan: exit', () => {
   it('networkOf masks host bits', () => {
     assert.equal(networkOf('10.91.2.50/24'), '10.91.2.0/24');
     assert.equal(networkOf('fd91:2::50/64'), 'fd91:2::/64');
+  });
+});
+
+describe('plan: pacers for limited services (docs/dataplane.md, "Pacing a limited service\'s clients")', () => {
+  const limited = svc(S1, ME, EXIT, { bandwidthLimitMbps: 10 });
+  const routes = [route(1, S1, 10, null, '10.92.0.0/16')];
+  const pacing = { routes, interceptPort: 7481, pacing: true };
+
+  it('gives the ingress of a limited service a pacer at the limit, a table and a rule into it', () => {
+    const p = plan(input({ services: [limited], ...pacing }));
+    assert.deepEqual(
+      p.kernel.links.filter((l) => l.kind === 'pacer'),
+      [{ name: 'mesh-p1', kind: 'pacer', mtu: 65_535, rateBps: 10_000_000, peerAddress: '169.254.224.1/32' }],
+    );
+    for (const family of [4, 6] as const) {
+      assert.ok(
+        p.kernel.routes.some(
+          (r) =>
+            r.family === family && r.table === pacerTableOf(1) && r.dst === 'default' && r.dev === 'mesh-p1',
+        ),
+      );
+      assert.ok(
+        p.kernel.rules.some(
+          (r) =>
+            r.family === family &&
+            r.pref === RULE_PREF.PACE &&
+            r.fwmark?.value === paceMarkOf(1) &&
+            r.fwmark.mask === (PACE_MARK | MARK_MASK) >>> 0 &&
+            r.table === pacerTableOf(1),
+        ),
+      );
+    }
+    // Before the rule that delivers intercepted TCP, after the one that excludes the agent's own.
+    assert.ok(RULE_PREF.INTERCEPT < RULE_PREF.PACE && RULE_PREF.PACE < RULE_PREF.TRANSPARENT);
+    const nft = p.kernel.nft!;
+    const detour = nft.indexOf(
+      `iifname != "lo" iifname != "mesh-q*" meta l4proto tcp fib daddr oifname "mesh-t1" meta mark set meta mark | 0x80010000 accept`,
+    );
+    const established = nft.indexOf('socket transparent 1 socket mark');
+    assert.ok(detour > 0 && detour < established, "the detour comes before the accepted sockets' rule");
+    assert.match(nft, /iifname "mesh-q\*" meta mark set meta mark and 0x7fffffff/);
+    assert.match(nft, /meta mark & 0x80000000 == 0x80000000 oifname != "mesh-p\*" drop/);
+  });
+
+  it('paces nothing for an unlimited service, an exit, without interception or where the host refuses', () => {
+    const none = (extra: Partial<PlanInput>) => {
+      const p = plan(input(extra));
+      assert.equal(p.kernel.links.filter((l) => l.kind === 'pacer').length, 0);
+      assert.equal(p.kernel.rules.filter((r) => r.pref === RULE_PREF.PACE).length, 0);
+      assert.doesNotMatch(p.kernel.nft ?? '', /mesh-q|0x8/);
+    };
+    none({ services: [svc(S1, ME, EXIT)], ...pacing });
+    none({ services: [svc(S1, EXIT, ME, { bandwidthLimitMbps: 10 })], ...pacing });
+    none({ services: [limited], routes, pacing: true });
+    none({ services: [limited], routes, interceptPort: 7481 });
+  });
+
+  it('a new limit is a new pacer rate', () => {
+    const p = plan(input({ services: [{ ...limited, bandwidthLimitMbps: 250 }], ...pacing }));
+    assert.equal(p.kernel.links.find((l) => l.kind === 'pacer')?.rateBps, 250_000_000);
   });
 });
 

@@ -30,6 +30,11 @@ import {
   macvlanMac,
   macvlanName,
   markOf,
+  PACE_MARK,
+  paceMarkOf,
+  pacerName,
+  pacerPeerAddress,
+  pacerTableOf,
   RULE_PREF,
   TRANSPARENT_MARK,
   tableOf,
@@ -105,6 +110,12 @@ export interface PlanInput {
   agentSockets?: boolean;
   /** The transports this agent has (default: tcp only); a service of another is a problem. */
   transports?: ReadonlySet<TransportKind>;
+  /**
+   * The host lets a pacer's packets back in (dataplane.ts pacingAllowed): limited services this
+   * agent is the ingress of get a pacer. Without it their clients' own send buffers hold what the
+   * limit keeps back. Default: false.
+   */
+  pacing?: boolean;
 }
 
 export type Role = 'ingress' | 'exit';
@@ -362,6 +373,26 @@ export function plan(input: PlanInput): Plan {
   }
 
   const intercepting = input.interceptPort != null && slotOfService.size > 0;
+  const paced = intercepting && input.pacing ? pacedServices(carried, byId) : [];
+  for (const c of paced) {
+    const name = pacerName(c.slot);
+    links.push({
+      name,
+      kind: 'pacer',
+      mtu: PACER_MTU,
+      rateBps: Math.round(byId.get(c.serviceId)!.bandwidthLimitMbps! * 1e6),
+      peerAddress: pacerPeerAddress(c.slot),
+    });
+    for (const family of FAMILIES) {
+      routes.push({ family, table: pacerTableOf(c.slot), dst: 'default', dev: name });
+      rules.push({
+        family,
+        pref: RULE_PREF.PACE,
+        fwmark: { value: paceMarkOf(c.slot), mask: (PACE_MARK | MARK_MASK) >>> 0 },
+        table: pacerTableOf(c.slot),
+      });
+    }
+  }
   // Replies to a transparent exit's sockets are addressed to the client: delivered locally by
   // the same mark and table as TPROXY's.
   const transparentExits = agentSockets
@@ -421,12 +452,31 @@ export function plan(input: PlanInput): Plan {
               input.unreachable,
               intercepting ? input.interceptPort! : null,
               transparentExits.length > 0,
+              paced,
             )
           : null,
     },
     carried,
     problems,
   };
+}
+
+/**
+ * A pacer's MTU: the largest a veth takes, so that no packet a client's interface took (a GRO or
+ * TSO burst of up to 64 KiB) is too big for it.
+ */
+const PACER_MTU = 65_535;
+
+/**
+ * The services whose clients' TCP goes through a pacer on its way to the interception (docs/
+ * dataplane.md, "Pacing a limited service's clients"): those this agent is the ingress of, with a
+ * bandwidth limit. The ingress limits what goes up.
+ */
+export function pacedServices(
+  carried: readonly CarriedService[],
+  byId: ReadonlyMap<string, PlanService>,
+): CarriedService[] {
+  return carried.filter((c) => c.role === 'ingress' && (byId.get(c.serviceId)!.bandwidthLimitMbps ?? 0) > 0);
 }
 
 /**
@@ -452,6 +502,7 @@ function nftRuleset(
   unreachable: ReadonlySet<string>,
   interceptPort: number | null,
   transparentReplies: boolean,
+  paced: readonly CarriedService[],
 ): string {
   const exits = carried.filter((c) => c.role === 'exit');
   const hex = (n: number) => `0x${n.toString(16).padStart(8, '0')}`;
@@ -502,6 +553,7 @@ function nftRuleset(
     intercept.push(
       // Out of a TUN: already carried (exit side, or replies); never intercepted.
       'iifname "mesh-t*" return',
+      ...pacing(paced, hex),
       // Packets of connections the listener already accepted (its sockets carry the agent's
       // mark; other transparent proxies' sockets are not the agent's business).
       `meta l4proto tcp socket transparent 1 socket mark ${hex(AGENT_MARK)} meta mark set meta mark | ${mark} accept`,
@@ -530,12 +582,34 @@ function nftRuleset(
     chain('postrouting', 'type nat hook postrouting priority srcnat; policy accept;', post),
     chain('forward', 'type filter hook forward priority mangle; policy accept;', [
       'oifname "mesh-t*" tcp flags syn tcp option maxseg size set rt mtu',
+      // Bound for a pacer that is not there (being made again for a new rate): dropped, not let
+      // into the TUN as packets, where the destination would reset the connection it never saw.
+      ...(paced.length > 0
+        ? [`meta mark & ${hex(PACE_MARK)} == ${hex(PACE_MARK)} oifname != "mesh-p*" drop`]
+        : []),
     ]),
     chain('intercept', 'type filter hook prerouting priority mangle; policy accept;', intercept),
     chain('intercept_local', 'type route hook output priority mangle; policy accept;', interceptLocal),
     chain('refuse_forward', 'type filter hook forward priority filter; policy accept;', refuse),
     chain('refuse_output', 'type filter hook output priority filter; policy accept;', refuse),
   ].join('');
+}
+
+/**
+ * The intercept chain's rules for paced services: their clients' TCP first goes out through the
+ * service's pacer (marked for rule PACE) and is intercepted where it comes back in, at the pacer's
+ * peer, as any other. Locally originated TCP (through lo) is not paced.
+ */
+function pacing(paced: readonly CarriedService[], hex: (n: number) => string): string[] {
+  if (paced.length === 0) return [];
+  return [
+    // Back from a pacer: without its mark, so that rule PACE cannot send it round again.
+    `iifname "mesh-q*" meta mark set meta mark and ${hex(~PACE_MARK >>> 0)}`,
+    ...paced.map(
+      (c) =>
+        `iifname != "lo" iifname != "mesh-q*" meta l4proto tcp fib daddr oifname "${c.tun}" meta mark set meta mark | ${hex(paceMarkOf(c.slot))} accept`,
+    ),
+  ];
 }
 
 /**

@@ -105,6 +105,8 @@ export function canonicalLink(l: LinkSpec): LinkSpec {
   const out: LinkSpec = { name: l.name, kind: l.kind, mtu: l.mtu };
   if (l.kind === 'macvlan' && l.parent !== undefined) out.parent = l.parent;
   if (l.kind === 'macvlan' && l.mac !== undefined) out.mac = l.mac.toLowerCase();
+  if (l.kind === 'pacer' && l.rateBps !== undefined) out.rateBps = l.rateBps;
+  if (l.kind === 'pacer' && l.peerAddress !== undefined) out.peerAddress = canonicalCidr(l.peerAddress);
   return out;
 }
 

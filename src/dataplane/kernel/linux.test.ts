@@ -146,6 +146,21 @@ describe('LinuxKernel parsing', () => {
     assert.equal(parseLink({ ...tun, linkinfo: { info_kind: 'veth' } }, byIndex), undefined);
   });
 
+  it('parses a pacer from its end that paces: its rate from the alias; its peer is not a link', () => {
+    const veth = { ifindex: 9, mtu: 65_535, linkinfo: { info_kind: 'veth' } };
+    assert.deepStrictEqual(
+      parseLink({ ...veth, ifname: 'mesh-p4', ifalias: 'mesh-agent-pacer-bps=10000000' }, new Map()),
+      { name: 'mesh-p4', kind: 'pacer', mtu: 65_535, rateBps: 10_000_000 },
+    );
+    // Without the alias the rate is unknown, so it never equals a desired one (made again).
+    assert.deepStrictEqual(parseLink({ ...veth, ifname: 'mesh-p4' }, new Map()), {
+      name: 'mesh-p4',
+      kind: 'pacer',
+      mtu: 65_535,
+    });
+    assert.equal(parseLink({ ...veth, ifname: 'mesh-q4' }, new Map()), undefined);
+  });
+
   it('parses addresses without the link-local ones', () => {
     const link = {
       ifindex: 5,

@@ -18,7 +18,15 @@ import {
   canonicalSelector,
   MAIN_TABLE,
 } from './canonical.js';
-import { isOwnedPref, isOwnedTable, LINK_PREFIX, NFT_TABLE } from './ownership.js';
+import {
+  isOwnedPref,
+  isOwnedTable,
+  isPacerName,
+  isPacerPeerName,
+  LINK_PREFIX,
+  NFT_TABLE,
+  pacerPeerName,
+} from './ownership.js';
 import {
   type AddressSpec,
   type Family,
@@ -34,7 +42,7 @@ import {
   type Tun,
   type Uplink,
 } from './port.js';
-import { type Rendered, renderChange, type Tool } from './render.js';
+import { PACER_ALIAS, type Rendered, renderChange, renderNft, type Tool } from './render.js';
 import {
   decodeLinks,
   decodeRoutes,
@@ -75,6 +83,7 @@ interface IpLink {
   /** The hardware address. */
   address?: string;
   linkinfo?: { info_kind?: string };
+  ifalias?: string;
   addr_info?: { family: string; local: string; prefixlen: number }[];
 }
 
@@ -153,6 +162,7 @@ export function parseLink(l: IpLink, byIndex: ReadonlyMap<number, string>): Link
   if (!l.ifname.startsWith(LINK_PREFIX)) return undefined;
   const kind = l.linkinfo?.info_kind;
   if (kind === 'tun') return { name: l.ifname, kind, mtu: l.mtu };
+  if (kind === 'veth') return parsePacer(l);
   if (kind !== 'macvlan') return undefined;
   const link: LinkSpec = { name: l.ifname, kind, mtu: l.mtu };
   if (l.address !== undefined) link.mac = l.address.toLowerCase();
@@ -160,6 +170,18 @@ export function parseLink(l: IpLink, byIndex: ReadonlyMap<number, string>): Link
     const parent = l.link ?? (l.link_index !== undefined ? byIndex.get(l.link_index) : undefined);
     if (parent !== undefined) link.parent = parent;
   }
+  return link;
+}
+
+/**
+ * A pacer's `name` end (its peer is part of it, not a link of its own): its rate from the alias
+ * it was made with, its peer's IPv4 address. Undefined for the peer end.
+ */
+function parsePacer(l: IpLink): LinkSpec | undefined {
+  if (!isPacerName(l.ifname)) return undefined;
+  const link: LinkSpec = { name: l.ifname, kind: 'pacer', mtu: l.mtu };
+  const rate = l.ifalias?.startsWith(PACER_ALIAS) ? Number(l.ifalias.slice(PACER_ALIAS.length)) : Number.NaN;
+  if (Number.isSafeInteger(rate)) link.rateBps = rate;
   return link;
 }
 
@@ -212,6 +234,13 @@ export class LinuxKernel implements KernelPort {
       const link = parseLink(l, byIndex);
       if (!link) continue;
       links.push(link);
+      if (link.kind === 'pacer') {
+        // Its peer's address is part of it (made and gone with the pair).
+        const peer = raw.links.find((x) => x.ifname === pacerPeerName(l.ifname));
+        const v4 = peer?.addr_info?.find((a) => a.family === 'inet');
+        if (v4) link.peerAddress = canonicalCidr(`${v4.local}/${v4.prefixlen}`);
+        continue;
+      }
       addresses.push(...parseAddresses(l));
     }
     const rules: RuleSpec[] = [];
@@ -232,7 +261,7 @@ export class LinuxKernel implements KernelPort {
 
   async apply(changes: readonly KernelChange[]): Promise<void> {
     // Render everything first: an invalid change refuses the whole call before anything runs.
-    const rendered = changes.map(renderChange);
+    const rendered = changes.flatMap(renderChange);
     const groups: Rendered[][] = [];
     for (const r of rendered) {
       const last = groups.at(-1);
@@ -257,7 +286,7 @@ export class LinuxKernel implements KernelPort {
           lines.push(...owned.tables[family].map((t) => `route flush table ${t}`));
           if (lines.length) await this.batch(FAMILY_TOOL[family], lines);
         }
-        if (owned.nft) await this.nft(renderChange({ op: 'nft', ruleset: null }).lines);
+        if (owned.nft) await this.nft(renderNft(null).lines);
         if (owned.links.length)
           await this.batch(
             'ip',
@@ -412,10 +441,11 @@ export class LinuxKernel implements KernelPort {
     if (lines.length) await this.batch(tool, lines);
   }
 
-  /** Feeds lines to `ip [-4|-6] -batch -`; on failure names the line ip reports. */
+  /** Feeds lines to `ip [-4|-6] -batch -` or `tc -batch -`; on failure names the line it reports. */
   private async batch(tool: Tool, lines: string[]): Promise<void> {
+    const args = [...tool.split(' ').slice(1), '-batch', '-'];
     const res = await this.exec(
-      this.ipArgv([...tool.split(' ').slice(1), '-batch', '-']),
+      tool === 'tc' ? this.tcArgv(args) : this.ipArgv(args),
       `${lines.join('\n')}\n`,
     );
     if (res.code === 0) return;
@@ -445,6 +475,10 @@ export class LinuxKernel implements KernelPort {
 
   private ipArgv(args: string[]): string[] {
     return this.netns === undefined ? ['ip', ...args] : ['ip', '-n', this.netns, ...args];
+  }
+
+  private tcArgv(args: string[]): string[] {
+    return this.netns === undefined ? ['tc', ...args] : ['tc', '-n', this.netns, ...args];
   }
 
   private nftArgv(args: string[]): string[] {
@@ -490,7 +524,10 @@ function ownedRaw(raw: Raw) {
     6: raw.rules[6].filter((r) => isOwnedPref(r.priority)),
   };
   const routeTables = { 4: tables(raw.routes[4]), 6: tables(raw.routes[6]) };
-  const links = raw.links.map((l) => l.ifname).filter((n) => n.startsWith(LINK_PREFIX));
+  // A pacer's peer goes with the pacer.
+  const links = raw.links
+    .map((l) => l.ifname)
+    .filter((n) => n.startsWith(LINK_PREFIX) && !isPacerPeerName(n));
   const empty =
     rules[4].length + rules[6].length + routeTables[4].length + routeTables[6].length + links.length === 0 &&
     raw.nft === null;

@@ -9,10 +9,19 @@
 
 import { createHash } from 'node:crypto';
 
-/** Owned links: TUN devices `mesh-t<slot>` and MACVLANs `mesh-m<slot>`. */
+/**
+ * Owned links: TUN devices `mesh-t<slot>`, MACVLANs `mesh-m<slot>`, and a pacer's veth pair
+ * `mesh-p<slot>` (the end whose queue paces) and `mesh-q<slot>` (where the paced packets arrive).
+ */
 export const LINK_PREFIX = 'mesh-';
 export const tunName = (slot: number): string => `${LINK_PREFIX}t${slot}`;
 export const macvlanName = (slot: number): string => `${LINK_PREFIX}m${slot}`;
+export const pacerName = (slot: number): string => `${LINK_PREFIX}p${slot}`;
+/** The other end of a pacer's veth pair, named after the pacer. */
+export const pacerPeerName = (pacer: string): string =>
+  `${LINK_PREFIX}q${pacer.slice(LINK_PREFIX.length + 1)}`;
+export const isPacerName = (name: string): boolean => /^mesh-p\d+$/.test(name);
+export const isPacerPeerName = (name: string): boolean => /^mesh-q\d+$/.test(name);
 
 /**
  * A MACVLAN's hardware address: locally administered, unicast, and the same for a service every
@@ -38,19 +47,23 @@ export const MAX_SLOT = 4095;
  * interface (fib_validate_source's `no_addr`): a client's packets in an exit's TUN, always.
  */
 export const exitTunAddress = (slot: number): string => `169.254.${240 + (slot >> 8)}.${slot & 255}/32`;
+/** The same for the end of a pacer where the paced clients' packets arrive (169.254.224.0/20). */
+export const pacerPeerAddress = (slot: number): string => `169.254.${224 + (slot >> 8)}.${slot & 255}/32`;
 
 /**
- * Owned routing tables, two per slot: tableOf(slot) routes into the service's TUN (ingress
- * selection, exit replies); exitTableOf(slot) leaves by the service's MACVLAN (exit with
- * requires_interface).
+ * Owned routing tables: tableOf(slot) routes into the service's TUN (ingress selection, exit
+ * replies); exitTableOf(slot) leaves by the service's MACVLAN (exit with requires_interface);
+ * INTERCEPT_TABLE delivers intercepted TCP to the agent; pacerTableOf(slot) sends a paced
+ * service's clients' TCP through its pacer on the way there.
  */
 export const TABLE_BASE = 52_000;
 export const tableOf = (slot: number): number => TABLE_BASE + slot;
 export const exitTableOf = (slot: number): number => TABLE_BASE + MAX_SLOT + 1 + slot;
-export const isOwnedTable = (table: number): boolean =>
-  table > TABLE_BASE && table <= TABLE_BASE + 2 * (MAX_SLOT + 1);
 /** The table TPROXY's marked packets look up: `local default dev lo`, delivered to the agent. */
 export const INTERCEPT_TABLE = TABLE_BASE + 2 * (MAX_SLOT + 1);
+export const pacerTableOf = (slot: number): number => INTERCEPT_TABLE + slot;
+export const isOwnedTable = (table: number): boolean =>
+  table > TABLE_BASE && table <= INTERCEPT_TABLE + MAX_SLOT;
 
 /**
  * Owned policy-rule preferences, in the order they are evaluated:
@@ -58,6 +71,8 @@ export const INTERCEPT_TABLE = TABLE_BASE + 2 * (MAX_SLOT + 1);
  *   main first, so even a catch-all route keeps the cluster up;
  * - INTERCEPT: TCP that nftables handed to the agent's TPROXY listener (marked) is delivered here,
  *   and so are replies to a transparent exit's sockets (addressed to a client, not to the host);
+ * - PACE: a paced service's clients' TCP (marked PACE_MARK | slot on its way in) leaves through
+ *   the service's pacer, and comes back in at its other end to be intercepted;
  * - TRANSPARENT: a transparent exit's sockets (source: the client's address) leave by their
  *   service's MACVLAN table; before REPLY, whose mark bits their mark also holds;
  * - REPLY: replies of connections that entered through an exit TUN go back into it (fwmark);
@@ -71,6 +86,7 @@ export const INTERCEPT_TABLE = TABLE_BASE + 2 * (MAX_SLOT + 1);
 export const RULE_PREF = {
   EXCLUDE: 21_000,
   INTERCEPT: 21_050,
+  PACE: 21_060,
   TRANSPARENT: 21_075,
   REPLY: 21_100,
   FROM_TUN: 21_200,
@@ -94,6 +110,12 @@ export const AGENT_MARK = 0x2000_0000;
  * (rule TRANSPARENT); the bit lets nftables tell their replies from anyone else's.
  */
 export const TRANSPARENT_MARK = 0x4000_0000;
+/**
+ * A paced service's clients' TCP on its first way in (nftables sets PACE_MARK | markOf(slot)):
+ * routed into the service's pacer (rule PACE). Cleared where it comes back in.
+ */
+export const PACE_MARK = 0x8000_0000;
+export const paceMarkOf = (slot: number): number => (PACE_MARK | markOf(slot)) >>> 0;
 export const transparentSocketMark = (slot: number): number =>
   (AGENT_MARK | TRANSPARENT_MARK | markOf(slot)) >>> 0;
 

@@ -32,15 +32,25 @@ export interface Tun {
   close(): void;
 }
 
-/** A link the agent owns. TUN devices are created by openTun (their fd), MACVLANs by apply. */
+/**
+ * A link the agent owns. TUN devices are created by openTun (their fd), MACVLANs and pacers by
+ * apply. A pacer is a veth pair, `name` and its peer (ownership.ts pacerPeerName), whose `name`
+ * end holds a queue that sends at `rateBps`: packets routed out of it come back in at the peer,
+ * paced (docs/dataplane.md, "Pacing a limited service's clients"). It is made, and goes, whole:
+ * the pair, the peer's address and the queue.
+ */
 export interface LinkSpec {
   name: string;
-  kind: 'tun' | 'macvlan';
+  kind: 'tun' | 'macvlan' | 'pacer';
   /** MACVLAN only: the uplink it sits on. */
   parent?: string;
   /** MACVLAN only: its hardware address (ownership.ts macvlanMac), lower case. */
   mac?: string;
   mtu: number;
+  /** Pacer only: the rate its queue sends at, bits per second. */
+  rateBps?: number;
+  /** Pacer only: the peer end's IPv4 address (ownership.ts pacerPeerAddress), with its prefix. */
+  peerAddress?: string;
 }
 
 /** An address on an owned link; added without a prefix route (the agent routes in its own tables). */

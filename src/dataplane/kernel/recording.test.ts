@@ -67,6 +67,27 @@ describe('RecordingKernel', () => {
     ]);
   });
 
+  it('makes a pacer as one link, routes through it, and takes them with it', async () => {
+    const k = kernel();
+    const P3 = {
+      name: 'mesh-p3',
+      kind: 'pacer' as const,
+      mtu: 65_535,
+      rateBps: 8_000_000,
+      peerAddress: '169.254.224.3/32',
+    };
+    await k.apply([
+      { op: 'add', link: P3 },
+      { op: 'add', route: { family: 4, table: 60195, dst: 'default', dev: 'mesh-p3' } },
+    ]);
+    const seen = await k.observe();
+    assert.deepStrictEqual(seen.links, [P3]);
+    assert.deepStrictEqual(seen.addresses, [], "the peer's address is part of the pacer");
+    assert.equal(k.transcript.filter((l) => l.startsWith('tc ')).length, 8);
+    await k.apply([{ op: 'del', link: P3 }]);
+    assert.deepStrictEqual(await k.observe(), EMPTY);
+  });
+
   it('observes only what the agent owns', async () => {
     const k = kernel();
     await k.apply([

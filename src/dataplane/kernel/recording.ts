@@ -23,6 +23,7 @@
  */
 import {
   canonicalAddress,
+  canonicalCidr,
   canonicalDst,
   canonicalNft,
   canonicalRoute,
@@ -168,9 +169,12 @@ export class RecordingTun implements Tun {
 
 interface FakeLink {
   name: string;
-  kind: 'tun' | 'macvlan' | 'foreign';
+  /** A pacer stands for its veth pair: its peer has no entry of its own. */
+  kind: 'tun' | 'macvlan' | 'pacer' | 'foreign';
   parent?: string;
   mac?: string;
+  rateBps?: number;
+  peerAddress?: string;
   mtu: number;
   up: boolean;
   tun?: RecordingTun;
@@ -254,9 +258,11 @@ export class RecordingKernel implements KernelPort {
     const names = new Set(owned.map((l) => l.name));
     return {
       links: owned.map((l) => {
-        const spec: LinkSpec = { name: l.name, kind: l.kind as 'tun' | 'macvlan', mtu: l.mtu };
+        const spec: LinkSpec = { name: l.name, kind: l.kind as LinkSpec['kind'], mtu: l.mtu };
         if (l.parent !== undefined) spec.parent = l.parent;
         if (l.mac !== undefined) spec.mac = l.mac;
+        if (l.rateBps !== undefined) spec.rateBps = l.rateBps;
+        if (l.peerAddress !== undefined) spec.peerAddress = l.peerAddress;
         return spec;
       }),
       addresses: this.addresses.filter((a) => names.has(a.dev)).map((a) => ({ dev: a.dev, cidr: a.cidr })),
@@ -271,7 +277,13 @@ export class RecordingKernel implements KernelPort {
   async apply(changes: readonly KernelChange[]): Promise<void> {
     const rendered = changes.map(renderChange);
     changes.forEach((change, i) => {
-      this.run(rendered[i]!, this.steps(change));
+      // One step per line across the change's tools, in order.
+      const steps = this.steps(change);
+      let next = 0;
+      for (const r of rendered[i]!) {
+        this.run(r, steps.slice(next, next + r.lines.length));
+        next += r.lines.length;
+      }
     });
   }
 
@@ -392,6 +404,11 @@ export class RecordingKernel implements KernelPort {
       if (change.op === 'del') return [() => this.removeLink(l.name, true)];
       const up = () => this.setLink(l.name, l.mtu);
       if (l.kind === 'tun') return [up];
+      if (l.kind === 'pacer') {
+        // The pair with its peer's address and queue: made by its first line, the rest set it up.
+        const lines = renderChange(change).reduce((n, r) => n + r.lines.length, 0);
+        return [() => this.addPacer(l), ...Array.from({ length: lines - 1 }, () => () => {})];
+      }
       return [() => this.addMacvlan(l.name, l.parent!, l.mac), up];
     }
     if ('address' in change) {
@@ -439,6 +456,14 @@ export class RecordingKernel implements KernelPort {
       );
     link.mtu = mtu;
     link.up = true;
+  }
+
+  private addPacer(l: LinkSpec): void {
+    if (this.links.has(l.name)) fail('RTNETLINK answers: File exists');
+    const link: FakeLink = { name: l.name, kind: 'pacer', mtu: l.mtu, up: true };
+    if (l.rateBps !== undefined) link.rateBps = l.rateBps;
+    if (l.peerAddress !== undefined) link.peerAddress = canonicalCidr(l.peerAddress);
+    this.links.set(l.name, link);
   }
 
   private addMacvlan(name: string, parent: string, mac: string | undefined): void {

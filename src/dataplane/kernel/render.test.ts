@@ -3,7 +3,7 @@ import { describe, it } from 'node:test';
 import { type KernelChange, KernelError } from './port.js';
 import { bracesBalance, commandsOf, renderChange } from './render.js';
 
-const lines = (c: KernelChange) => commandsOf(renderChange(c));
+const lines = (c: KernelChange) => renderChange(c).flatMap(commandsOf);
 
 describe('render', () => {
   const table: [string, KernelChange, string[]][] = [
@@ -124,23 +124,72 @@ describe('render', () => {
     it(name, () => assert.deepStrictEqual(lines(change), want));
   }
 
+  it('makes a pacer whole: the veth pair, its peer address, then its queue by tc', () => {
+    const pacer = {
+      name: 'mesh-p3',
+      kind: 'pacer' as const,
+      mtu: 65_535,
+      rateBps: 10_000_000,
+      peerAddress: '169.254.224.3/32',
+    };
+    const rendered = renderChange({ op: 'add', link: pacer });
+    assert.deepStrictEqual(
+      rendered.map((r) => r.tool),
+      ['ip', 'tc'],
+    );
+    assert.deepStrictEqual(rendered[0]!.lines, [
+      'link add mesh-p3 mtu 65535 address 02:6d:70:00:00:03 type veth peer name mesh-q3 mtu 65535 address 02:6d:70:00:00:03',
+      'link set mesh-p3 addrgenmode none arp off alias mesh-agent-pacer-bps=10000000',
+      'link set mesh-q3 addrgenmode none',
+      'address add 169.254.224.3/32 dev mesh-q3 noprefixroute',
+      'link set mesh-q3 up',
+      'link set mesh-p3 up',
+    ]);
+    // htb at the rate; small packets first; the bulk FIFO holds 10 ms of the rate (12,500 bytes).
+    assert.deepStrictEqual(rendered[1]!.lines, [
+      'qdisc add dev mesh-p3 root handle 1: htb default 20',
+      'class add dev mesh-p3 parent 1: classid 1:1 htb rate 10000000bit ceil 10000000bit',
+      'class add dev mesh-p3 parent 1:1 classid 1:10 htb rate 5000000bit ceil 10000000bit prio 0',
+      'class add dev mesh-p3 parent 1:1 classid 1:20 htb rate 5000000bit ceil 10000000bit prio 1',
+      'qdisc add dev mesh-p3 parent 1:10 handle 10: pfifo limit 1000',
+      'qdisc add dev mesh-p3 parent 1:20 handle 20: tbf rate 40000000bit burst 3028 limit 12500',
+      'filter add dev mesh-p3 parent 1: protocol ip prio 1 u32 match u16 0x0000 0xff00 at 2 flowid 1:10',
+      'filter add dev mesh-p3 parent 1: protocol ipv6 prio 2 u32 match u16 0x0000 0xff00 at 4 flowid 1:10',
+    ]);
+    // At 1 Mbit/s 10 ms is less than three segments: the queue keeps three.
+    const slow = renderChange({ op: 'add', link: { ...pacer, rateBps: 1_000_000 } });
+    assert.match(slow[1]!.lines[5]!, / limit 4542$/);
+    assert.deepStrictEqual(lines({ op: 'del', link: pacer }), ['ip link del mesh-p3']);
+    assert.throws(
+      () => renderChange({ op: 'add', link: { ...pacer, rateBps: 0 } }),
+      (e: unknown) => e instanceof KernelError && /invalid pacer rate/.test(e.output),
+    );
+    assert.throws(
+      () => renderChange({ op: 'add', link: { ...pacer, peerAddress: 'fd00::1/128' } }),
+      (e: unknown) => e instanceof KernelError && /invalid peer address/.test(e.output),
+    );
+  });
+
   it('sends each change to the tool of its kind and family', () => {
-    assert.equal(renderChange({ op: 'add', address: { dev: 'mesh-m3', cidr: 'fd00::1/64' } }).tool, 'ip');
-    assert.equal(renderChange({ op: 'add', rule: { family: 6, pref: 21000, table: 'main' } }).tool, 'ip -6');
+    assert.equal(renderChange({ op: 'add', address: { dev: 'mesh-m3', cidr: 'fd00::1/64' } })[0]!.tool, 'ip');
     assert.equal(
-      renderChange({ op: 'del', route: { family: 4, table: 52001, dst: 'default', dev: 'x' } }).tool,
+      renderChange({ op: 'add', rule: { family: 6, pref: 21000, table: 'main' } })[0]!.tool,
+      'ip -6',
+    );
+    assert.equal(
+      renderChange({ op: 'del', route: { family: 4, table: 52001, dst: 'default', dev: 'x' } })[0]!.tool,
       'ip -4',
     );
-    assert.equal(renderChange({ op: 'nft', ruleset: null }).tool, 'nft');
+    assert.equal(renderChange({ op: 'nft', ruleset: null })[0]!.tool, 'nft');
   });
 
   it('marks only a TUN deletion as conditional on the link existing', () => {
     assert.equal(
-      renderChange({ op: 'del', link: { name: 'mesh-t1', kind: 'tun', mtu: 1500 } }).onlyIfLinkExists,
+      renderChange({ op: 'del', link: { name: 'mesh-t1', kind: 'tun', mtu: 1500 } })[0]!.onlyIfLinkExists,
       'mesh-t1',
     );
     assert.equal(
-      renderChange({ op: 'del', link: { name: 'mesh-m1', kind: 'macvlan', mtu: 1500 } }).onlyIfLinkExists,
+      renderChange({ op: 'del', link: { name: 'mesh-m1', kind: 'macvlan', mtu: 1500 } })[0]!.onlyIfLinkExists,
       undefined,
     );
   });

@@ -9,6 +9,7 @@
  * - addresses are added `noprefixroute` (IPv6 also `nodad`): the agent routes in its own tables;
  * - a MACVLAN is `link add link P name N [address MAC] type macvlan mode bridge` then `link set N mtu M up`;
  *   a TUN already exists (openTun), so adding it is only `link set N mtu M txqueuelen Q up`;
+ * - a pacer is a veth pair (see pacerLines) and then its queue, `tc` lines (see pacerQueueLines);
  * - a route with a gateway is added `onlink`: the agent's addresses have no prefix route, so the
  *   kernel would otherwise refuse a gateway it cannot reach through the route's own table
  *   ("Nexthop has invalid gateway"); deleting it needs no flag;
@@ -18,7 +19,7 @@
 
 import { parseIp } from '../../domain/cidr.js';
 import { parseCidrLoose } from './canonical.js';
-import { NFT_TABLE } from './ownership.js';
+import { NFT_TABLE, pacerPeerName } from './ownership.js';
 import {
   type AddressSpec,
   type Family,
@@ -29,8 +30,11 @@ import {
   type RuleSpec,
 } from './port.js';
 
-/** The process a line goes to: `ip -batch -`, `ip -4 -batch -`, `ip -6 -batch -` or `nft -f -`. */
-export type Tool = 'ip' | 'ip -4' | 'ip -6' | 'nft';
+/**
+ * The process a line goes to: `ip -batch -`, `ip -4 -batch -`, `ip -6 -batch -`, `tc -batch -`
+ * or `nft -f -`.
+ */
+export type Tool = 'ip' | 'ip -4' | 'ip -6' | 'tc' | 'nft';
 
 export interface Rendered {
   tool: Tool;
@@ -82,7 +86,12 @@ function familyOfCidr(text: string): Family | undefined {
 /** The txqueuelen of the agent's TUN devices. */
 export const TUN_QUEUE_PACKETS = 1000;
 
-export function renderLink(op: 'add' | 'del', link: LinkSpec): Rendered {
+export function renderLink(op: 'add' | 'del', link: LinkSpec): Rendered[] {
+  if (link.kind === 'pacer') return renderPacer(op, link);
+  return [renderNetdev(op, link)];
+}
+
+function renderNetdev(op: 'add' | 'del', link: LinkSpec): Rendered {
   if (op === 'del') {
     const line = `link del ${link.name}`;
     new Checker(`ip ${line}`).name('link name', link.name);
@@ -110,6 +119,87 @@ export function renderLink(op: 'add' | 'del', link: LinkSpec): Rendered {
   checkAdd.name('MACVLAN parent', link.parent);
   if (link.mac !== undefined) checkAdd.need(MAC.test(link.mac), 'MAC address', link.mac);
   return { tool: 'ip', lines: [add, up] };
+}
+
+/** The least the bulk queue holds, whatever the rate: three full-size segments. */
+const PACER_LEAST_BYTES = 3 * 1514;
+/** The most the pacer's bulk queue holds: this long at its rate (docs/dataplane.md). */
+const PACER_QUEUE_MS = 10;
+/** The largest rate a pacer takes (tc's rates are 64-bit; this is far above any link). */
+const PACER_MAX_BPS = 1e12;
+
+/**
+ * A pacer: a veth pair whose `name` end sends at `rateBps` and whose peer receives what it sent,
+ * in the same namespace. Both ends carry the same MAC and `name` does no ARP (nor IPv6 neighbour
+ * discovery), so what is routed out of it is addressed to its peer whatever its destination;
+ * neither end makes an IPv6 link-local address (the same MAC on both would fail DAD). The peer
+ * holds a link-local IPv4 address: reverse-path filtering drops whatever arrives on an interface
+ * without one (ownership.ts exitTunAddress). The alias records the rate, which observe reads back.
+ */
+function renderPacer(op: 'add' | 'del', link: LinkSpec): Rendered[] {
+  const peer = pacerPeerName(link.name);
+  if (op === 'del') {
+    const line = `link del ${link.name}`;
+    new Checker(`ip ${line}`).name('link name', link.name);
+    return [{ tool: 'ip', lines: [line] }];
+  }
+  const mac = pacerMac(link.name);
+  const add = `link add ${link.name} mtu ${link.mtu} address ${mac} type veth peer name ${peer} mtu ${link.mtu} address ${mac}`;
+  const check = new Checker(`ip ${add}`);
+  check.name('link name', link.name);
+  check.name('peer name', peer);
+  check.need(isUint(link.mtu, U32) && link.mtu > 0, 'mtu', link.mtu);
+  const rate = link.rateBps;
+  check.need(isUint(rate, PACER_MAX_BPS) && rate >= 8000, 'pacer rate (bit/s)', rate);
+  check.cidr('peer address', link.peerAddress, 4);
+  const bps = rate as number;
+  return [
+    {
+      tool: 'ip',
+      lines: [
+        add,
+        `link set ${link.name} addrgenmode none arp off alias ${PACER_ALIAS}${bps}`,
+        `link set ${peer} addrgenmode none`,
+        `address add ${link.peerAddress} dev ${peer} noprefixroute`,
+        `link set ${peer} up`,
+        `link set ${link.name} up`,
+      ],
+    },
+    { tool: 'tc', lines: pacerQueueLines(link.name, bps) },
+  ];
+}
+
+/** What a pacer's alias starts with; the rate in bit/s follows (linux.ts parseLink reads it). */
+export const PACER_ALIAS = 'mesh-agent-pacer-bps=';
+
+/** Locally administered, unicast, one per pacer name (nothing outside the pair ever sees it). */
+function pacerMac(name: string): string {
+  const slot = Number(name.replace(/\D/g, '')) & 0xffff;
+  return `02:6d:70:00:${(slot >> 8).toString(16).padStart(2, '0')}:${(slot & 255).toString(16).padStart(2, '0')}`;
+}
+
+/**
+ * The pacer's queue, `tc` lines: htb at the rate, two classes under it. Small packets (under
+ * 256 bytes: SYNs, pure ACKs, a small request) go first, so a request beside a bulk upload does
+ * not wait behind the upload's queue; the rest wait in a FIFO of PACER_QUEUE_MS at the rate,
+ * beyond which they are dropped (the sender backs off, as behind any bottleneck). That FIFO is a
+ * tbf well above the rate only for what tbf does on the way in: it cuts a TSO burst (up to
+ * 64 KiB in one packet) into segments, so its limit counts segments' bytes; htb does the pacing.
+ */
+function pacerQueueLines(dev: string, bps: number): string[] {
+  const queue = Math.max(PACER_LEAST_BYTES, Math.round(((bps / 8) * PACER_QUEUE_MS) / 1000));
+  const half = Math.max(8000, Math.floor(bps / 2));
+  const cutBurst = Math.max(2 * 1514, Math.round(bps / 8 / 1000));
+  return [
+    `qdisc add dev ${dev} root handle 1: htb default 20`,
+    `class add dev ${dev} parent 1: classid 1:1 htb rate ${bps}bit ceil ${bps}bit`,
+    `class add dev ${dev} parent 1:1 classid 1:10 htb rate ${half}bit ceil ${bps}bit prio 0`,
+    `class add dev ${dev} parent 1:1 classid 1:20 htb rate ${half}bit ceil ${bps}bit prio 1`,
+    `qdisc add dev ${dev} parent 1:10 handle 10: pfifo limit 1000`,
+    `qdisc add dev ${dev} parent 1:20 handle 20: tbf rate ${4 * bps}bit burst ${cutBurst} limit ${queue}`,
+    `filter add dev ${dev} parent 1: protocol ip prio 1 u32 match u16 0x0000 0xff00 at 2 flowid 1:10`,
+    `filter add dev ${dev} parent 1: protocol ipv6 prio 2 u32 match u16 0x0000 0xff00 at 4 flowid 1:10`,
+  ];
 }
 
 export function renderAddress(op: 'add' | 'del', a: AddressSpec): Rendered {
@@ -198,11 +288,14 @@ export function renderNft(ruleset: string | null): Rendered {
   return { tool: 'nft', lines: [...lines, body] };
 }
 
-/** The command lines of one change; throws KernelError naming the command if a field is invalid. */
-export function renderChange(change: KernelChange): Rendered {
+/**
+ * The command lines of one change, per tool in the order they run (one tool but for a pacer's
+ * link); throws KernelError naming the command if a field is invalid.
+ */
+export function renderChange(change: KernelChange): Rendered[] {
   if ('link' in change) return renderLink(change.op, change.link);
-  if ('address' in change) return renderAddress(change.op, change.address);
-  if ('rule' in change) return renderRule(change.op, change.rule);
-  if ('route' in change) return renderRoute(change.op, change.route);
-  return renderNft(change.ruleset);
+  if ('address' in change) return [renderAddress(change.op, change.address)];
+  if ('rule' in change) return [renderRule(change.op, change.rule)];
+  if ('route' in change) return [renderRoute(change.op, change.route)];
+  return [renderNft(change.ruleset)];
 }

@@ -1,6 +1,13 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { decodeRoutes, decodeRules, NetlinkError, replies, routeGetRequest } from './rtnetlink.js';
+import {
+  decodeLinks,
+  decodeRoutes,
+  decodeRules,
+  NetlinkError,
+  replies,
+  routeGetRequest,
+} from './rtnetlink.js';
 
 // Replies built here as the kernel lays them out; test/dataplane/kernel-port.root.test.ts reads
 // the real kernel through the same code.
@@ -24,6 +31,24 @@ const msg = (type: number, body: Buffer) => {
 const done = msg(3, Buffer.alloc(4));
 
 describe('rtnetlink', () => {
+  it('reads a link with its kind and alias (a pacer keeps its rate there)', () => {
+    const info = Buffer.alloc(16);
+    info.writeInt32LE(9, 4); // ifindex
+    info.writeUInt32LE(0x1 | 0x40, 8); // IFF_UP | IFF_RUNNING
+    const body = Buffer.concat([
+      info,
+      attr(3, Buffer.from('mesh-p4\0')),
+      attr(4, u32(65_535)),
+      attr(18, attr(1, Buffer.from('veth\0'))),
+      attr(20, Buffer.from('mesh-agent-pacer-bps=10000000\0')),
+    ]);
+    const [link] = decodeLinks(Buffer.concat([msg(16, body), done]));
+    assert.equal(link!.ifname, 'mesh-p4');
+    assert.equal(link!.mtu, 65_535);
+    assert.deepEqual(link!.linkinfo, { info_kind: 'veth' });
+    assert.equal(link!.ifalias, 'mesh-agent-pacer-bps=10000000');
+  });
+
   it('asks a route lookup as `ip route get fibmatch` does: addresses, iif by index, mark', () => {
     const m = routeGetRequest({ dst: '10.1.2.3', from: '10.9.0.1', iifIndex: 7, mark: 0x10 });
     assert.equal(m.readUInt32LE(0), m.length);

@@ -32,6 +32,7 @@ const IFLA = {
   LINK: 5,
   OPERSTATE: 16,
   LINKINFO: 18,
+  IFALIAS: 20,
   LINK_NETNSID: 37,
 } as const;
 const IFLA_INFO_KIND = 1;
@@ -69,6 +70,7 @@ export interface NlLink {
   operstate: string;
   flags: string[];
   linkinfo?: { info_kind?: string };
+  ifalias?: string;
   addr_info: { family: string; local: string; prefixlen: number }[];
 }
 
@@ -253,6 +255,8 @@ export function decodeLinks(buffer: Buffer): NlLink[] {
     const info = a.get(IFLA.LINKINFO);
     const kind = info && text(attributes(info, 0).get(IFLA_INFO_KIND));
     if (kind !== undefined) link.linkinfo = { info_kind: kind };
+    const alias = text(a.get(IFLA.IFALIAS));
+    if (alias) link.ifalias = alias;
     links.push(link);
   }
   return links;
