@@ -259,7 +259,7 @@ describe('plan: pacers for limited services (docs/dataplane.md, "Pacing a limite
     const p = plan(input({ services: [limited], ...pacing }));
     assert.deepEqual(
       p.kernel.links.filter((l) => l.kind === 'pacer'),
-      [{ name: 'mesh-p1', kind: 'pacer', mtu: 65_535, rateBps: 10_000_000, peerAddress: '169.254.224.1/32' }],
+      [{ name: 'mesh-p1', kind: 'pacer', mtu: 65_535, rateBps: 10_455_801, peerAddress: '169.254.224.1/32' }],
     );
     for (const family of [4, 6] as const) {
       assert.ok(
@@ -304,9 +304,10 @@ describe('plan: pacers for limited services (docs/dataplane.md, "Pacing a limite
     none({ services: [limited], routes, interceptPort: 7481 });
   });
 
-  it('a new limit is a new pacer rate', () => {
+  it('a new limit is a new pacer rate, in frames for the limit in payload', () => {
     const p = plan(input({ services: [{ ...limited, bandwidthLimitMbps: 250 }], ...pacing }));
-    assert.equal(p.kernel.links.find((l) => l.kind === 'pacer')?.rateBps, 250_000_000);
+    // 1514-byte frames for 1448 bytes of payload.
+    assert.equal(p.kernel.links.find((l) => l.kind === 'pacer')?.rateBps, 261_395_028);
   });
 });
 

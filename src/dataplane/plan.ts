@@ -380,7 +380,7 @@ export function plan(input: PlanInput): Plan {
       name,
       kind: 'pacer',
       mtu: PACER_MTU,
-      rateBps: Math.round(byId.get(c.serviceId)!.bandwidthLimitMbps! * 1e6),
+      rateBps: Math.round(byId.get(c.serviceId)!.bandwidthLimitMbps! * 1e6 * PACER_WIRE_PER_PAYLOAD),
       peerAddress: pacerPeerAddress(c.slot),
     });
     for (const family of FAMILIES) {
@@ -466,6 +466,13 @@ export function plan(input: PlanInput): Plan {
  * TSO burst of up to 64 KiB) is too big for it.
  */
 const PACER_MTU = 65_535;
+
+/**
+ * The limit counts payload (docs/decisions.md §6); the pacer's queue counts frames. A full-size
+ * IPv4 segment with timestamps is 1448 bytes of payload in a 1514-byte frame, so the pacer sends
+ * that much more than the limit, and the payload it lets through is the limit's.
+ */
+const PACER_WIRE_PER_PAYLOAD = 1514 / 1448;
 
 /**
  * The services whose clients' TCP goes through a pacer on its way to the interception (docs/
