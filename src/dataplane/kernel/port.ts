@@ -1,9 +1,9 @@
 /**
  * The kernel port: every piece of kernel state the data plane reads or changes goes through this
  * interface (links, addresses, policy rules, routes, the agent's nftables table, sysctls, TUN
- * devices). linux.ts drives the real kernel with `ip -batch` and `nft -f`; recording.ts is an
- * in-memory twin that keeps a transcript of the same command lines for unit tests. Only
- * src/dataplane uses it.
+ * devices, a pacer's queue). linux.ts drives the real kernel with `ip -batch`, `tc -batch` and
+ * `nft -f`; recording.ts is an in-memory twin that keeps a transcript of the same command lines
+ * for unit tests. Only src/dataplane uses it.
  *
  * The port sees and touches only what the agent owns (ownership.ts says how it is marked):
  * links whose name starts with the agent's prefix, their addresses, rules in the agent's
