@@ -7,9 +7,9 @@
  * Mesh: the data-plane tests' namespaces (test/helpers/mesh-netns.ts), one service ingress -> exit
  * with its route to the destination's subnet and `bandwidth_limit_mbps` R. Reference: two more
  * namespaces joined by a veth pair, `tbf rate R burst max(4 ms of R, 3 KB) latency 50ms` on both
- * egresses, the same server app on the far side. For each path, rate and direction: 30 pings and
- * 20 requests idle, then the same beside a bulk transfer (curl, up or down, three times the rate
- * asked) that saturates the limit; p50 and p99 of each, and what the load added (loaded minus idle,
+ * egresses, the same server app on the far side. For each path, rate, direction and number of bulk
+ * flows (`--flows`, 1 and 4): 30 pings and 20 requests idle, then the same beside that many bulk
+ * transfers (curl, up or down, three times the rate asked between them) that saturate the limit; p50 and p99 of each, and what the load added (loaded minus idle,
  * p50 against p50 and p99 against p99). The ratio mesh over tbf of the loaded p99 is the figure.
  *
  * Then the end of a flow, per path and rate: a client writes as fast as its socket takes bytes
@@ -22,8 +22,8 @@
  * agents' underlay links (the ingress's i1, the exit's e1): a tunnel across a slow WAN, where what
  * the agent queues in front of the tunnel is all a ping or a request waits behind.
  *
- *   node dist/bench/dataplane/shaping-latency.js [--rates 10,100,1000] [--transport tcp|kcp]
- *     [--bottleneck limit|underlay]
+ *   node dist/bench/dataplane/shaping-latency.js [--rates 10,100,1000] [--flows 1,4]
+ *     [--transport tcp|kcp] [--bottleneck limit|underlay]
  */
 import { execFile } from 'node:child_process';
 import { parseArgs, promisify } from 'node:util';
@@ -34,6 +34,7 @@ import { IP, spawnIn, type Topology } from '../../test/helpers/netns-topology.js
 const { values } = parseArgs({
   options: {
     rates: { type: 'string', default: '10,100,1000' },
+    flows: { type: 'string', default: '1,4' },
     transport: { type: 'string', default: 'tcp' },
     bottleneck: { type: 'string', default: 'limit' },
   },
@@ -42,6 +43,9 @@ const RATES = values.rates.split(',').map(Number);
 const TRANSPORT = values.transport;
 if (RATES.some((r) => !Number.isFinite(r) || r <= 0))
   throw new Error('--rates: positive Mbit/s, comma separated');
+const FLOWS = values.flows.split(',').map(Number);
+if (FLOWS.some((f) => !Number.isInteger(f) || f < 1 || f > 16))
+  throw new Error('--flows: numbers of bulk flows (1 to 16), comma separated');
 if (TRANSPORT !== 'tcp' && TRANSPORT !== 'kcp') throw new Error('--transport: tcp or kcp');
 const UNDERLAY = values.bottleneck === 'underlay';
 if (!UNDERLAY && values.bottleneck !== 'limit') throw new Error('--bottleneck: limit or underlay');
@@ -66,9 +70,28 @@ async function sample(ns: string, host: string): Promise<Sample> {
   return { pings, requests };
 }
 
-/** A bulk transfer at three times `mbps` for `seconds`, up or down, in the background. */
-const bulk = (ns: string, host: string, mbps: number, direction: 'up' | 'down', seconds: number) =>
-  bulkTransfer(run, ns, host, HTTP, direction, Math.round(((3 * mbps * 1e6) / 8) * seconds), seconds);
+/** `flows` bulk transfers, three times `mbps` between them, for `seconds`, up or down, at once. */
+const bulk = (
+  ns: string,
+  host: string,
+  mbps: number,
+  direction: 'up' | 'down',
+  seconds: number,
+  flows: number,
+) =>
+  Promise.all(
+    Array.from({ length: flows }, () =>
+      bulkTransfer(
+        run,
+        ns,
+        host,
+        HTTP,
+        direction,
+        Math.round(((3 * mbps * 1e6) / 8 / flows) * seconds),
+        seconds,
+      ),
+    ),
+  );
 
 /** The end of a flow: ms from the client's shutdown to the destination's read of the last byte. */
 interface CloseRow {
@@ -104,24 +127,39 @@ async function endOfFlow(
 interface Row {
   path: string;
   mbps: number;
+  flows: number;
   direction: 'up' | 'down';
   idle: Sample;
   loaded: Sample;
 }
 
 async function measure(path: string, ns: string, host: string, mbps: number, rows: Row[]): Promise<void> {
-  for (const direction of ['up', 'down'] as const) {
-    const idle = await sample(ns, host);
-    const running = bulk(ns, host, mbps, direction, 12);
-    await new Promise((r) => setTimeout(r, 1500));
-    const loaded = await sample(ns, host);
-    await running;
-    rows.push({ path, mbps, direction, idle, loaded });
-    const show = (xs: number[]) => `${p50(xs).toFixed(1)}/${p99(xs).toFixed(1)}`;
-    console.log(
-      `  ${path} ${mbps} Mbit/s ${direction}: ping p50/p99 idle ${show(idle.pings)} loaded ${show(loaded.pings)} ms (${30 - loaded.pings.length} lost); HTTP idle ${show(idle.requests)} loaded ${show(loaded.requests)} ms`,
-    );
+  for (const flows of FLOWS) {
+    for (const direction of ['up', 'down'] as const) {
+      await measureOne(path, ns, host, mbps, flows, direction, rows);
+    }
   }
+}
+
+async function measureOne(
+  path: string,
+  ns: string,
+  host: string,
+  mbps: number,
+  flows: number,
+  direction: 'up' | 'down',
+  rows: Row[],
+): Promise<void> {
+  const idle = await sample(ns, host);
+  const running = bulk(ns, host, mbps, direction, 12, flows);
+  await new Promise((r) => setTimeout(r, 1500));
+  const loaded = await sample(ns, host);
+  await running;
+  rows.push({ path, mbps, flows, direction, idle, loaded });
+  const show = (xs: number[]) => `${p50(xs).toFixed(1)}/${p99(xs).toFixed(1)}`;
+  console.log(
+    `  ${path} ${mbps} Mbit/s ${direction} x${flows}: ping p50/p99 idle ${show(idle.pings)} loaded ${show(loaded.pings)} ms (${30 - loaded.pings.length} lost); HTTP idle ${show(idle.requests)} loaded ${show(loaded.requests)} ms`,
+  );
 }
 
 async function referenceUp(): Promise<() => Promise<void>> {
@@ -222,11 +260,13 @@ async function main(): Promise<void> {
     `\nAdded by the load, ms (loaded minus idle: p50 | p99), and mesh over tbf of the loaded p99, ${TRANSPORT}:`,
   );
   console.log(
-    '| Mbit/s | direction | path | ping added p50 / p99 | HTTP added p50 / p99 | loaded p99 ping / HTTP, mesh ÷ tbf |',
+    '| Mbit/s | direction | bulk flows | path | ping added p50 / p99 | HTTP added p50 / p99 | loaded p99 ping / HTTP, mesh ÷ tbf |',
   );
-  console.log('|---|---|---|---|---|---|');
+  console.log('|---|---|---|---|---|---|---|');
   for (const r of rows) {
-    const ref = rows.find((x) => x.path === 'tbf' && x.mbps === r.mbps && x.direction === r.direction)!;
+    const ref = rows.find(
+      (x) => x.path === 'tbf' && x.mbps === r.mbps && x.direction === r.direction && x.flows === r.flows,
+    )!;
     const added = (k: keyof Sample) =>
       `${(p50(r.loaded[k]) - p50(r.idle[k])).toFixed(1)} / ${(p99(r.loaded[k]) - p99(r.idle[k])).toFixed(1)}`;
     const ratio =
@@ -234,7 +274,7 @@ async function main(): Promise<void> {
         ? ''
         : `${(p99(r.loaded.pings) / p99(ref.loaded.pings)).toFixed(2)} / ${(p99(r.loaded.requests) / p99(ref.loaded.requests)).toFixed(2)}`;
     console.log(
-      `| ${r.mbps} | ${r.direction} | ${r.path} | ${added('pings')} | ${added('requests')} | ${ratio} |`,
+      `| ${r.mbps} | ${r.direction} | ${r.flows} | ${r.path} | ${added('pings')} | ${added('requests')} | ${ratio} |`,
     );
   }
   console.log(

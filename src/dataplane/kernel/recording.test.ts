@@ -83,7 +83,7 @@ describe('RecordingKernel', () => {
     const seen = await k.observe();
     assert.deepStrictEqual(seen.links, [P3]);
     assert.deepStrictEqual(seen.addresses, [], "the peer's address is part of the pacer");
-    assert.equal(k.transcript.filter((l) => l.startsWith('tc ')).length, 8);
+    assert.equal(k.transcript.filter((l) => l.startsWith('tc ')).length, 266);
     await k.apply([{ op: 'del', link: P3 }]);
     assert.deepStrictEqual(await k.observe(), EMPTY);
   });

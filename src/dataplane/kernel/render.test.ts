@@ -145,20 +145,39 @@ describe('render', () => {
       'link set mesh-q3 up',
       'link set mesh-p3 up',
     ]);
-    // htb at the rate; small packets first; the bulk FIFO holds 10 ms of the rate (12,500 bytes).
-    assert.deepStrictEqual(rendered[1]!.lines, [
-      'qdisc add dev mesh-p3 root handle 1: htb default 20',
+    // htb at the rate; small packets first; then 64 buckets of equal priority, served in turn,
+    // each a FIFO of 10 ms of the rate (12,500 bytes), which flows are hashed into by port.
+    const tc = rendered[1]!.lines;
+    assert.deepStrictEqual(tc.slice(0, 4), [
+      'qdisc add dev mesh-p3 root handle 1: htb default 100',
       'class add dev mesh-p3 parent 1: classid 1:1 htb rate 10000000bit ceil 10000000bit',
-      'class add dev mesh-p3 parent 1:1 classid 1:10 htb rate 5000000bit ceil 10000000bit prio 0',
-      'class add dev mesh-p3 parent 1:1 classid 1:20 htb rate 5000000bit ceil 10000000bit prio 1',
-      'qdisc add dev mesh-p3 parent 1:10 handle 10: pfifo limit 1000',
-      'qdisc add dev mesh-p3 parent 1:20 handle 20: tbf rate 40000000bit burst 3028 limit 12500',
-      'filter add dev mesh-p3 parent 1: protocol ip prio 1 u32 match u16 0x0000 0xff00 at 2 flowid 1:10',
-      'filter add dev mesh-p3 parent 1: protocol ipv6 prio 2 u32 match u16 0x0000 0xff00 at 4 flowid 1:10',
+      'class add dev mesh-p3 parent 1:1 classid 1:2 htb rate 5000000bit ceil 10000000bit prio 0',
+      'qdisc add dev mesh-p3 parent 1:2 handle 2: pfifo limit 1000',
     ]);
+    const buckets = tc.filter((l) => / prio 1 quantum 1514$/.test(l));
+    assert.equal(buckets.length, 64);
+    assert.equal(
+      buckets[63],
+      'class add dev mesh-p3 parent 1:1 classid 1:13f htb rate 156250bit ceil 10000000bit prio 1 quantum 1514',
+    );
+    assert.ok(
+      tc.includes(
+        'qdisc add dev mesh-p3 parent 1:13f handle 13f: tbf rate 40000000bit burst 3028 limit 12500',
+      ),
+    );
+    for (const want of [
+      'filter add dev mesh-p3 parent 1: protocol ip prio 1 u32 match u16 0x0000 0xff00 at 2 flowid 1:2',
+      'filter add dev mesh-p3 parent 1: protocol ipv6 prio 2 u32 match u16 0x0000 0xff00 at 4 flowid 1:2',
+      'filter add dev mesh-p3 parent 1: protocol ip prio 3 handle 3: u32 divisor 64',
+      'filter add dev mesh-p3 parent 1: protocol ip prio 3 u32 ht 3:3f: match u8 0 0 flowid 1:13f',
+      'filter add dev mesh-p3 parent 1: protocol ip prio 3 u32 match u8 6 0xff at 9 hashkey mask 0x007e0000 at 20 link 3:',
+      'filter add dev mesh-p3 parent 1: protocol ipv6 prio 4 u32 match u8 6 0xff at 6 hashkey mask 0x007e0000 at 40 link 4:',
+    ]) {
+      assert.ok(tc.includes(want), want);
+    }
     // At 1 Mbit/s 10 ms is less than three segments: the queue keeps three.
     const slow = renderChange({ op: 'add', link: { ...pacer, rateBps: 1_000_000 } });
-    assert.match(slow[1]!.lines[5]!, / limit 4542$/);
+    assert.match(slow[1]!.lines[5]!, /tbf .* limit 4542$/);
     assert.deepStrictEqual(lines({ op: 'del', link: pacer }), ['ip link del mesh-p3']);
     assert.throws(
       () => renderChange({ op: 'add', link: { ...pacer, rateBps: 0 } }),

@@ -178,28 +178,61 @@ function pacerMac(name: string): string {
   return `02:6d:70:00:${(slot >> 8).toString(16).padStart(2, '0')}:${(slot & 255).toString(16).padStart(2, '0')}`;
 }
 
+/** Buckets a pacer's queue hashes its flows into (a power of two, at most 256). */
+const PACER_BUCKETS = 64;
+
 /**
- * The pacer's queue, `tc` lines: htb at the rate, two classes under it. Small packets (under
- * 256 bytes: SYNs, pure ACKs, a small request) go first, so a request beside a bulk upload does
- * not wait behind the upload's queue; the rest wait in a FIFO of PACER_QUEUE_MS at the rate,
- * beyond which they are dropped (the sender backs off, as behind any bottleneck). That FIFO is a
- * tbf well above the rate only for what tbf does on the way in: it cuts a TSO burst (up to
- * 64 KiB in one packet) into segments, so its limit counts segments' bytes; htb does the pacing.
+ * The pacer's queue, `tc` lines: htb at the rate. Small packets (under 256 bytes: SYNs, pure
+ * ACKs, a small request) go first, so a request beside a bulk upload does not wait behind the
+ * upload's queue. The rest are hashed by the client's port (bits 1-6: Linux hands out even ports
+ * to connect()) into PACER_BUCKETS classes of equal priority, which htb serves in turn, one
+ * segment each: flows share the rate fairly, as in SFQ (which this kernel, like many, lacks),
+ * unless two land in one bucket. Each bucket queues PACER_QUEUE_MS of the rate, beyond which its
+ * packets are dropped (its sender backs off, as behind any bottleneck). A bucket's FIFO is a tbf
+ * well above the rate only for what tbf does on the way in: it cuts a TSO burst (up to 64 KiB in
+ * one packet) into segments, so that its limit counts segments' bytes; htb does the pacing.
+ * Hashing assumes IP headers without options (TCP at byte 20, or 40 after IPv6's header): any
+ * other packet still lands in some bucket.
  */
 function pacerQueueLines(dev: string, bps: number): string[] {
   const queue = Math.max(PACER_LEAST_BYTES, Math.round(((bps / 8) * PACER_QUEUE_MS) / 1000));
-  const half = Math.max(8000, Math.floor(bps / 2));
   const cutBurst = Math.max(2 * 1514, Math.round(bps / 8 / 1000));
-  return [
-    `qdisc add dev ${dev} root handle 1: htb default 20`,
+  const share = Math.max(8000, Math.floor(bps / PACER_BUCKETS));
+  const bucket = (b: number) => (0x100 + b).toString(16);
+  const hash = PACER_BUCKETS - 1;
+  const lines = [
+    `qdisc add dev ${dev} root handle 1: htb default ${bucket(0)}`,
     `class add dev ${dev} parent 1: classid 1:1 htb rate ${bps}bit ceil ${bps}bit`,
-    `class add dev ${dev} parent 1:1 classid 1:10 htb rate ${half}bit ceil ${bps}bit prio 0`,
-    `class add dev ${dev} parent 1:1 classid 1:20 htb rate ${half}bit ceil ${bps}bit prio 1`,
-    `qdisc add dev ${dev} parent 1:10 handle 10: pfifo limit 1000`,
-    `qdisc add dev ${dev} parent 1:20 handle 20: tbf rate ${4 * bps}bit burst ${cutBurst} limit ${queue}`,
-    `filter add dev ${dev} parent 1: protocol ip prio 1 u32 match u16 0x0000 0xff00 at 2 flowid 1:10`,
-    `filter add dev ${dev} parent 1: protocol ipv6 prio 2 u32 match u16 0x0000 0xff00 at 4 flowid 1:10`,
+    `class add dev ${dev} parent 1:1 classid 1:2 htb rate ${Math.max(8000, Math.floor(bps / 2))}bit ceil ${bps}bit prio 0`,
+    `qdisc add dev ${dev} parent 1:2 handle 2: pfifo limit 1000`,
   ];
+  for (let b = 0; b < PACER_BUCKETS; b++) {
+    lines.push(
+      `class add dev ${dev} parent 1:1 classid 1:${bucket(b)} htb rate ${share}bit ceil ${bps}bit prio 1 quantum 1514`,
+      `qdisc add dev ${dev} parent 1:${bucket(b)} handle ${bucket(b)}: tbf rate ${4 * bps}bit burst ${cutBurst} limit ${queue}`,
+    );
+  }
+  lines.push(
+    `filter add dev ${dev} parent 1: protocol ip prio 1 u32 match u16 0x0000 0xff00 at 2 flowid 1:2`,
+    `filter add dev ${dev} parent 1: protocol ipv6 prio 2 u32 match u16 0x0000 0xff00 at 4 flowid 1:2`,
+  );
+  for (const [prio, protocol, tcpAt, protoAt] of [
+    [3, 'ip', 20, 9],
+    [4, 'ipv6', 40, 6],
+  ] as const) {
+    lines.push(
+      `filter add dev ${dev} parent 1: protocol ${protocol} prio ${prio} handle ${prio}: u32 divisor ${PACER_BUCKETS}`,
+    );
+    for (let b = 0; b < PACER_BUCKETS; b++) {
+      lines.push(
+        `filter add dev ${dev} parent 1: protocol ${protocol} prio ${prio} u32 ht ${prio}:${b.toString(16)}: match u8 0 0 flowid 1:${bucket(b)}`,
+      );
+    }
+    lines.push(
+      `filter add dev ${dev} parent 1: protocol ${protocol} prio ${prio} u32 match u8 6 0xff at ${protoAt} hashkey mask 0x${(hash << 17).toString(16).padStart(8, '0')} at ${tcpAt} link ${prio}:`,
+    );
+  }
+  return lines;
 }
 
 export function renderAddress(op: 'add' | 'del', a: AddressSpec): Rendered {
