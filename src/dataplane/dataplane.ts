@@ -392,6 +392,8 @@ export class DataPlane {
   private hostProblems: string[] = [];
   /** Why limited services are not paced on this host, or null (pacingAllowed). */
   private pacingProblem: string | null = null;
+  /** This agent set net.ipv4.tcp_early_demux to 0 for pacing (restoreEarlyDemux). */
+  private earlyDemuxSet = false;
   private readonly flushQueue = new Set<Carried>();
   private flushScheduled = false;
   private readonly peerIpCache = new Map<string, { ips: string[]; at: number }>();
@@ -761,6 +763,7 @@ export class DataPlane {
       for (const peerId of peers) this.options.transports[kind]?.release(peerId);
     this.tunnelPeers.clear();
     await this.options.kernel.flush();
+    await this.restoreEarlyDemux();
   }
 
   status(serviceId: string): ServiceDataPlaneStatus {
@@ -1717,52 +1720,84 @@ export class DataPlane {
   }
 
   /**
-   * Whether this host lets a pacer's packets back in at its peer (docs/dataplane.md, "Pacing a
-   * limited service's clients"), asked only while there is something to pace:
-   * - net.ipv4.conf.all.rp_filter strict (1) would drop them: no route to the client leads out of
-   *   the peer. The agent does not loosen `all` for this; the service is then not paced.
+   * Whether this host lets a pacer's packets through (docs/dataplane.md, "Pacing a limited
+   * service's clients"), asked only while there is something to pace:
+   * - each paced packet is forwarded once (out of the pacer): only the families the host forwards
+   *   are paced (forwarding off is reported by forwardingProblems);
+   * - net.ipv4.conf.all.rp_filter strict (1) would drop them where they come back in: no route to
+   *   the client leads out of the pacer's peer. The agent does not loosen `all` for this;
    * - TCP early demux would hand a client's packet to the agent's socket before routing, and the
    *   kernel does not forward a packet that has a socket: net.ipv4.tcp_early_demux is set to 0
-   *   (docs/decisions.md §6; logged with its old value). A packet is then routed by lookup, not
-   *   by its socket's cached route.
-   * Each reason is logged once, when it appears.
+   *   (docs/decisions.md §6; logged with its old value) and set back to 1 when nothing is paced
+   *   any more, or the data plane stops. A packet is routed by lookup meanwhile, not by its
+   *   socket's cached route. After a crash it stays 0.
+   * Without any of them nothing is paced; the reason is logged once, when it appears.
    */
-  private async pacingAllowed(wanted: boolean): Promise<boolean> {
-    if (!wanted) return false;
+  private async pacingAllowed(wanted: boolean): Promise<Set<4 | 6>> {
+    const none = new Set<4 | 6>();
+    if (!wanted) {
+      await this.restoreEarlyDemux();
+      this.pacingProblem = null;
+      return none;
+    }
     const { kernel, logger } = this.options;
+    const read = async (key: string) => (await kernel.readSysctl(key))?.trim();
+    const families = new Set<4 | 6>();
+    if ((await read('net.ipv4.ip_forward')) === '1') families.add(4);
+    if ((await read('net.ipv6.conf.all.forwarding')) === '1') families.add(6);
     let reason: string | null = null;
-    if ((await kernel.readSysctl('net.ipv4.conf.all.rp_filter'))?.trim() === '1') {
+    if (families.size === 0) {
+      reason = 'forwarding is off: limited services are not paced';
+    } else if ((await read('net.ipv4.conf.all.rp_filter')) === '1') {
       reason =
         'net.ipv4.conf.all.rp_filter is 1 (strict): limited services are not paced (sysctl -w net.ipv4.conf.all.rp_filter=2)';
     } else {
-      const demux = (await kernel.readSysctl('net.ipv4.tcp_early_demux'))?.trim();
+      const demux = await read(EARLY_DEMUX);
       if (demux === '1') {
         try {
-          await kernel.writeSysctl('net.ipv4.tcp_early_demux', '0');
-          logger.info({ key: 'net.ipv4.tcp_early_demux', was: '1', now: '0' }, 'set for pacing');
+          await kernel.writeSysctl(EARLY_DEMUX, '0');
+          this.earlyDemuxSet = true;
+          logger.info({ key: EARLY_DEMUX, was: '1', now: '0' }, 'set for pacing');
         } catch (err) {
-          reason = `net.ipv4.tcp_early_demux could not be set to 0 (${(err as Error).message}): limited services are not paced`;
+          reason = `${EARLY_DEMUX} could not be set to 0 (${(err as Error).message}): limited services are not paced`;
         }
       } else if (demux !== '0') {
-        reason = 'net.ipv4.tcp_early_demux is missing: limited services are not paced';
+        reason = `${EARLY_DEMUX} is missing: limited services are not paced`;
       }
     }
     if (reason !== null && reason !== this.pacingProblem) logger.warn({ reason }, 'no pacing');
     this.pacingProblem = reason;
-    return reason === null;
+    return reason === null ? families : none;
+  }
+
+  /** Sets net.ipv4.tcp_early_demux back to 1 if this agent set it to 0 (pacingAllowed). */
+  private async restoreEarlyDemux(): Promise<void> {
+    if (!this.earlyDemuxSet) return;
+    try {
+      await this.options.kernel.writeSysctl(EARLY_DEMUX, '1');
+      this.earlyDemuxSet = false;
+      this.options.logger.info({ key: EARLY_DEMUX, was: '0', now: '1' }, 'set back: nothing is paced');
+    } catch (err) {
+      this.options.logger.warn({ err, key: EARLY_DEMUX }, 'could not set back');
+    }
   }
 
   /**
    * A pacer's peer takes its rp_filter from `default` when it is made; strict (1) there would drop
    * every packet the pacer sends (no route to the client leads out of the peer), so it is set to
    * loose (2) on that link alone, which is the agent's own. `all` strict stops pacing in plan.
+   * A failure is logged, not thrown: the rest of the reconcile still runs.
    */
   private async loosenPacerPeers(links: readonly LinkSpec[]): Promise<void> {
     const { kernel } = this.options;
     for (const l of links) {
       if (l.kind !== 'pacer') continue;
       const key = `net.ipv4.conf.${pacerPeerName(l.name)}.rp_filter`;
-      if ((await kernel.readSysctl(key))?.trim() === '1') await kernel.writeSysctl(key, '2');
+      try {
+        if ((await kernel.readSysctl(key))?.trim() === '1') await kernel.writeSysctl(key, '2');
+      } catch (err) {
+        this.options.logger.warn({ err, key }, 'a pacer cannot pass strict reverse-path filtering');
+      }
     }
   }
 
@@ -1930,6 +1965,9 @@ export class DataPlane {
 
 /** How many of a drift repair's changes its event lists (the count says how many there were). */
 const DRIFT_CHANGES_SHOWN = 20;
+/** The sysctl pacing needs off (pacingAllowed). */
+const EARLY_DEMUX = 'net.ipv4.tcp_early_demux';
+
 /** Repairs GET /v1/dataplane lists (the count covers all of them). */
 const RECENT_REPAIRS = 20;
 /** Differences GET /v1/dataplane spells out (the count covers all of them). */
@@ -1938,6 +1976,10 @@ const DIFFERENCES_SHOWN = 50;
 /** A change as the commands it ran; the nftables table by name only (its ruleset is long). */
 function describeChange(change: KernelChange): string {
   if (change.op === 'nft') return change.ruleset === null ? 'nft: table deleted' : 'nft: table replaced';
+  // Its queue is some 270 tc lines: named, not spelled out.
+  if ('link' in change && change.link.kind === 'pacer' && change.op === 'add') {
+    return `pacer ${change.link.name} made: veth pair, queue at ${change.link.rateBps} bit/s`;
+  }
   try {
     return renderChange(change).flatMap(commandsOf).join('; ');
   } catch {

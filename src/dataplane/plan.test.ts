@@ -253,7 +253,8 @@ describe('plan: exit', () => {
 describe('plan: pacers for limited services (docs/dataplane.md, "Pacing a limited service\'s clients")', () => {
   const limited = svc(S1, ME, EXIT, { bandwidthLimitMbps: 10 });
   const routes = [route(1, S1, 10, null, '10.92.0.0/16')];
-  const pacing = { routes, interceptPort: 7481, pacing: true };
+  const both = new Set([4, 6] as const);
+  const pacing = { routes, interceptPort: 7481, pacing: both };
 
   it('gives the ingress of a limited service a pacer at the limit, a table and a rule into it', () => {
     const p = plan(input({ services: [limited], ...pacing }));
@@ -283,11 +284,11 @@ describe('plan: pacers for limited services (docs/dataplane.md, "Pacing a limite
     assert.ok(RULE_PREF.INTERCEPT < RULE_PREF.PACE && RULE_PREF.PACE < RULE_PREF.TRANSPARENT);
     const nft = p.kernel.nft!;
     const detour = nft.indexOf(
-      `iifname != "lo" iifname != "mesh-q*" meta l4proto tcp fib daddr oifname "mesh-t1" meta mark set meta mark | 0x80010000 accept`,
+      `iifname != "lo" iifname != "mesh-q*" meta l4proto tcp fib daddr oifname "mesh-t1" meta mark set meta mark and 0x7000ffff or 0x80010000 accept`,
     );
     const established = nft.indexOf('socket transparent 1 socket mark');
     assert.ok(detour > 0 && detour < established, "the detour comes before the accepted sockets' rule");
-    assert.match(nft, /iifname "mesh-q\*" meta mark set meta mark and 0x7fffffff/);
+    assert.match(nft, /iifname "mesh-q\*" meta mark set meta mark and 0x7000ffff\n/);
     assert.match(nft, /meta mark & 0x80000000 == 0x80000000 oifname != "mesh-p\*" drop/);
   });
 
@@ -300,8 +301,17 @@ describe('plan: pacers for limited services (docs/dataplane.md, "Pacing a limite
     };
     none({ services: [svc(S1, ME, EXIT)], ...pacing });
     none({ services: [svc(S1, EXIT, ME, { bandwidthLimitMbps: 10 })], ...pacing });
-    none({ services: [limited], routes, pacing: true });
+    none({ services: [limited], routes, pacing: both });
+    none({ services: [limited], routes, interceptPort: 7481, pacing: new Set() });
     none({ services: [limited], routes, interceptPort: 7481 });
+  });
+
+  it('paces only the families the host forwards', () => {
+    const p = plan(input({ services: [limited], ...pacing, pacing: new Set([4] as const) }));
+    assert.match(
+      p.kernel.nft!,
+      /iifname != "mesh-q\*" meta nfproto ipv4 meta l4proto tcp fib daddr oifname "mesh-t1"/,
+    );
   });
 
   it('a new limit is a new pacer rate, in frames for the limit in payload', () => {

@@ -32,6 +32,7 @@ import {
   markOf,
   PACE_MARK,
   paceMarkOf,
+  pacerGateway,
   pacerName,
   pacerPeerAddress,
   pacerTableOf,
@@ -111,11 +112,12 @@ export interface PlanInput {
   /** The transports this agent has (default: tcp only); a service of another is a problem. */
   transports?: ReadonlySet<TransportKind>;
   /**
-   * The host lets a pacer's packets back in (dataplane.ts pacingAllowed): limited services this
-   * agent is the ingress of get a pacer. Without it their clients' own send buffers hold what the
-   * limit keeps back. Default: false.
+   * The families whose paced packets the host lets through (dataplane.ts pacingAllowed: it
+   * forwards them, and takes them back in): limited services this agent is the ingress of get a
+   * pacer, and their clients' TCP of these families goes through it. Elsewhere the clients' own
+   * send buffers hold what the limit keeps back. Default: none.
    */
-  pacing?: boolean;
+  pacing?: ReadonlySet<Family>;
 }
 
 export type Role = 'ingress' | 'exit';
@@ -373,7 +375,8 @@ export function plan(input: PlanInput): Plan {
   }
 
   const intercepting = input.interceptPort != null && slotOfService.size > 0;
-  const paced = intercepting && input.pacing ? pacedServices(carried, byId) : [];
+  const pacing = input.pacing ?? new Set<Family>();
+  const paced = intercepting && pacing.size > 0 ? pacedServices(carried, byId) : [];
   for (const c of paced) {
     const name = pacerName(c.slot);
     links.push({
@@ -384,7 +387,13 @@ export function plan(input: PlanInput): Plan {
       peerAddress: pacerPeerAddress(c.slot),
     });
     for (const family of FAMILIES) {
-      routes.push({ family, table: pacerTableOf(c.slot), dst: 'default', dev: name });
+      routes.push({
+        family,
+        table: pacerTableOf(c.slot),
+        dst: 'default',
+        dev: name,
+        via: pacerGateway(c.slot, family),
+      });
       rules.push({
         family,
         pref: RULE_PREF.PACE,
@@ -453,6 +462,7 @@ export function plan(input: PlanInput): Plan {
               intercepting ? input.interceptPort! : null,
               transparentExits.length > 0,
               paced,
+              pacing,
             )
           : null,
     },
@@ -510,6 +520,7 @@ function nftRuleset(
   interceptPort: number | null,
   transparentReplies: boolean,
   paced: readonly CarriedService[],
+  pacing: ReadonlySet<Family>,
 ): string {
   const exits = carried.filter((c) => c.role === 'exit');
   const hex = (n: number) => `0x${n.toString(16).padStart(8, '0')}`;
@@ -560,7 +571,7 @@ function nftRuleset(
     intercept.push(
       // Out of a TUN: already carried (exit side, or replies); never intercepted.
       'iifname "mesh-t*" return',
-      ...pacing(paced, hex),
+      ...pacingRules(paced, pacing, hex),
       // Packets of connections the listener already accepted (its sockets carry the agent's
       // mark; other transparent proxies' sockets are not the agent's business).
       `meta l4proto tcp socket transparent 1 socket mark ${hex(AGENT_MARK)} meta mark set meta mark | ${mark} accept`,
@@ -607,14 +618,21 @@ function nftRuleset(
  * service's pacer (marked for rule PACE) and is intercepted where it comes back in, at the pacer's
  * peer, as any other. Locally originated TCP (through lo) is not paced.
  */
-function pacing(paced: readonly CarriedService[], hex: (n: number) => string): string[] {
+function pacingRules(
+  paced: readonly CarriedService[],
+  families: ReadonlySet<Family>,
+  hex: (n: number) => string,
+): string[] {
   if (paced.length === 0) return [];
+  const keep = hex(~(PACE_MARK | MARK_MASK) >>> 0);
+  const nfproto = families.size === 2 ? '' : ` meta nfproto ${families.has(4) ? 'ipv4' : 'ipv6'}`;
   return [
     // Back from a pacer: without its mark, so that rule PACE cannot send it round again.
-    `iifname "mesh-q*" meta mark set meta mark and ${hex(~PACE_MARK >>> 0)}`,
+    `iifname "mesh-q*" meta mark set meta mark and ${keep}`,
+    // The slot is written, not added to what the mark held: rule PACE matches the field whole.
     ...paced.map(
       (c) =>
-        `iifname != "lo" iifname != "mesh-q*" meta l4proto tcp fib daddr oifname "${c.tun}" meta mark set meta mark | ${hex(paceMarkOf(c.slot))} accept`,
+        `iifname != "lo" iifname != "mesh-q*"${nfproto} meta l4proto tcp fib daddr oifname "${c.tun}" meta mark set meta mark and ${keep} or ${hex(paceMarkOf(c.slot))} accept`,
     ),
   ];
 }

@@ -6,8 +6,8 @@
  * Of the host's settings the agent changes only the three a transparent exit cannot work
  * without and that it may set: net.ipv4.conf.{all,default,<MACVLAN>}.rp_filter from 1 (strict,
  * which drops the replies addressed to a client) to 2 (loose). docs/decisions.md §6; the only
- * other sysctl the agent changes is net.ipv4.tcp_early_demux, for pacing (dataplane.ts
- * pacingAllowed). Each change is logged with its old value. IP
+ * other sysctls the agent changes are for pacing (dataplane.ts pacingAllowed and
+ * loosenPacerPeers): net.ipv4.tcp_early_demux, and its own pacers' rp_filter. Each change is logged with its old value. IP
  * forwarding and CAP_NET_ADMIN are checked and reported, never changed.
  *
  * Asymmetric return paths: a transparent connection whose SYNs get no answer is probed once from

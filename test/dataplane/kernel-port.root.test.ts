@@ -115,6 +115,14 @@ iifname "mesh-t7" oifname != "mesh-t7" masquerade
 const T7 = { name: 'mesh-t7', kind: 'tun' as const, mtu: 1400 };
 // MACVLANs are made with their MAC (the agent's are derived from the service id): one the kernel
 // picked at random would differ between the real kernel and the recording one.
+/** A pacer as plan() makes it (render.ts renderPacer). */
+const P5 = {
+  name: 'mesh-p5',
+  kind: 'pacer' as const,
+  mtu: 65_535,
+  rateBps: 10_455_801,
+  peerAddress: '169.254.224.5/32',
+};
 const M3 = {
   name: 'mesh-m3',
   kind: 'macvlan' as const,
@@ -385,6 +393,14 @@ const STEPS: Step[] = [
     expect: (s) => {
       s.links.push({ ...M3, mtu: 1500 });
       s.addresses.push(addr('mesh-m3', '10.91.2.52/25'));
+    },
+  },
+  {
+    name: 'a pacer: a veth pair with its peer address and queue, one link; a route through it',
+    changes: [add(P5), add({ ...route(4, 60197, 'default', 'mesh-p5'), via: '169.254.208.5' })],
+    expect: (s) => {
+      s.links.push(P5);
+      s.routes.push({ ...route(4, 60197, 'default', 'mesh-p5'), via: '169.254.208.5' });
     },
   },
   {
@@ -659,6 +675,7 @@ describe('kernel port: RecordingKernel and LinuxKernel on one scenario', { timeo
       'ip -4 rule del pref 22030',
       'ip -4 route flush table 52009',
       'ip -4 route flush table 60192',
+      'ip -4 route flush table 60197',
       'ip -6 rule del pref 21000',
       'ip -6 rule del pref 21100',
       'ip -6 rule del pref 21200',
@@ -668,9 +685,10 @@ describe('kernel port: RecordingKernel and LinuxKernel on one scenario', { timeo
       'nft delete table inet mesh_agent',
       'ip link del mesh-t8',
       'ip link del mesh-m3',
+      'ip link del mesh-p5', // its peer goes with it
     ]);
     await fake.flush();
-    assert.equal(fake.transcript.length, from + 20);
+    assert.equal(fake.transcript.length, from + 22);
   });
 
   it('routeGet: the route matched, the device, its carrier, the policy rules by mark, no route', async () => {

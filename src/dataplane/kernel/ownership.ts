@@ -49,6 +49,14 @@ export const MAX_SLOT = 4095;
 export const exitTunAddress = (slot: number): string => `169.254.${240 + (slot >> 8)}.${slot & 255}/32`;
 /** The same for the end of a pacer where the paced clients' packets arrive (169.254.224.0/20). */
 export const pacerPeerAddress = (slot: number): string => `169.254.${224 + (slot >> 8)}.${slot & 255}/32`;
+/**
+ * The gateway a pacer's routes name (169.254.208.0/20 in IPv4, nobody's address): the pacer does
+ * no neighbour discovery, so it stands for its peer, and the kernel keeps one neighbour entry for
+ * it instead of one per destination (which would fill the neighbour table, 1024 entries by
+ * default, with a service's clients' destinations).
+ */
+export const pacerGateway = (slot: number, family: 4 | 6): string =>
+  family === 4 ? `169.254.${208 + (slot >> 8)}.${slot & 255}` : 'fe80::1';
 
 /**
  * Owned routing tables: tableOf(slot) routes into the service's TUN (ingress selection, exit

@@ -33,7 +33,7 @@ import {
   type ParsedCidr,
   parseCidrLoose,
 } from './canonical.js';
-import { isOwnedPref, isOwnedTable, LINK_PREFIX } from './ownership.js';
+import { isOwnedPref, isOwnedTable, isPacerPeerName, LINK_PREFIX } from './ownership.js';
 import {
   type AddressSpec,
   type Family,
@@ -330,8 +330,10 @@ export class RecordingKernel implements KernelPort {
     if (this.readOnlySysctls) throw new KernelError(`write ${path}`, 'EROFS: read-only file system');
     // An interface's keys exist while the interface does; global ones only if the test set them.
     const iface = /^net\.ipv[46]\.conf\.([^.]+)\./.exec(key)?.[1];
-    const exists =
-      iface && !['all', 'default'].includes(iface) ? this.links.has(iface) : this.sysctls.has(key);
+    // A pacer's peer has no entry of its own: it exists with its pacer.
+    const link =
+      iface && isPacerPeerName(iface) ? `${LINK_PREFIX}p${iface.slice(LINK_PREFIX.length + 1)}` : iface;
+    const exists = link && !['all', 'default'].includes(link) ? this.links.has(link) : this.sysctls.has(key);
     if (!exists) throw new KernelError(`write ${path}`, 'ENOENT: no such file or directory');
     this.sysctls.set(key, value);
     this.sysctlWrites.push(`${key}=${value}`);

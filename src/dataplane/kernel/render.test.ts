@@ -133,36 +133,39 @@ describe('render', () => {
       peerAddress: '169.254.224.3/32',
     };
     const rendered = renderChange({ op: 'add', link: pacer });
+    // The alias that records the rate comes last: a pacer without its queue reads as unknown.
     assert.deepStrictEqual(
       rendered.map((r) => r.tool),
-      ['ip', 'tc'],
+      ['ip', 'tc', 'ip'],
     );
+    assert.deepStrictEqual(rendered[2]!.lines, ['link set mesh-p3 alias mesh-agent-pacer-bps=10000000']);
     assert.deepStrictEqual(rendered[0]!.lines, [
       'link add mesh-p3 mtu 65535 address 02:6d:70:00:00:03 type veth peer name mesh-q3 mtu 65535 address 02:6d:70:00:00:03',
-      'link set mesh-p3 addrgenmode none arp off alias mesh-agent-pacer-bps=10000000',
+      'link set mesh-p3 addrgenmode none arp off',
       'link set mesh-q3 addrgenmode none',
       'address add 169.254.224.3/32 dev mesh-q3 noprefixroute',
       'link set mesh-q3 up',
       'link set mesh-p3 up',
     ]);
     // htb at the rate; small packets first; then 64 buckets of equal priority, served in turn,
-    // each a FIFO of 10 ms of the rate (12,500 bytes), which flows are hashed into by port.
+    // each a FIFO of 10 ms of the rate (12,500 bytes) but at least two jumbo frames, which flows
+    // are hashed into by port. The guaranteed rates add up to the parent's.
     const tc = rendered[1]!.lines;
     assert.deepStrictEqual(tc.slice(0, 4), [
       'qdisc add dev mesh-p3 root handle 1: htb default 100',
       'class add dev mesh-p3 parent 1: classid 1:1 htb rate 10000000bit ceil 10000000bit',
-      'class add dev mesh-p3 parent 1:1 classid 1:2 htb rate 5000000bit ceil 10000000bit prio 0',
+      'class add dev mesh-p3 parent 1:1 classid 1:2 htb rate 1000000bit ceil 10000000bit prio 0',
       'qdisc add dev mesh-p3 parent 1:2 handle 2: pfifo limit 1000',
     ]);
     const buckets = tc.filter((l) => / prio 1 quantum 1514$/.test(l));
     assert.equal(buckets.length, 64);
     assert.equal(
       buckets[63],
-      'class add dev mesh-p3 parent 1:1 classid 1:13f htb rate 156250bit ceil 10000000bit prio 1 quantum 1514',
+      'class add dev mesh-p3 parent 1:1 classid 1:13f htb rate 140625bit ceil 10000000bit prio 1 quantum 1514',
     );
     assert.ok(
       tc.includes(
-        'qdisc add dev mesh-p3 parent 1:13f handle 13f: tbf rate 40000000bit burst 3028 limit 12500',
+        'qdisc add dev mesh-p3 parent 1:13f handle 13f: tbf rate 40000000bit burst 9216 limit 18432',
       ),
     );
     for (const want of [
@@ -175,9 +178,9 @@ describe('render', () => {
     ]) {
       assert.ok(tc.includes(want), want);
     }
-    // At 1 Mbit/s 10 ms is less than three segments: the queue keeps three.
-    const slow = renderChange({ op: 'add', link: { ...pacer, rateBps: 1_000_000 } });
-    assert.match(slow[1]!.lines[5]!, /tbf .* limit 4542$/);
+    // At 100 Mbit/s a bucket holds 10 ms of the rate.
+    const fast = renderChange({ op: 'add', link: { ...pacer, rateBps: 100_000_000 } });
+    assert.match(fast[1]!.lines[5]!, /tbf .* burst 12500 limit 125000$/);
     assert.deepStrictEqual(lines({ op: 'del', link: pacer }), ['ip link del mesh-p3']);
     assert.throws(
       () => renderChange({ op: 'add', link: { ...pacer, rateBps: 0 } }),

@@ -19,7 +19,7 @@
 
 import { parseIp } from '../../domain/cidr.js';
 import { parseCidrLoose } from './canonical.js';
-import { NFT_TABLE, pacerPeerName } from './ownership.js';
+import { isPacerName, NFT_TABLE, pacerPeerName } from './ownership.js';
 import {
   type AddressSpec,
   type Family,
@@ -121,12 +121,17 @@ function renderNetdev(op: 'add' | 'del', link: LinkSpec): Rendered {
   return { tool: 'ip', lines: [add, up] };
 }
 
-/** The least the bulk queue holds, whatever the rate: three full-size segments. */
-const PACER_LEAST_BYTES = 3 * 1514;
-/** The most the pacer's bulk queue holds: this long at its rate (docs/dataplane.md). */
+/** The most a pacer's bucket queues: this long at the pacer's rate (docs/dataplane.md). */
 const PACER_QUEUE_MS = 10;
-/** The largest rate a pacer takes (tc's rates are 64-bit; this is far above any link). */
-const PACER_MAX_BPS = 1e12;
+/** The largest rate a pacer takes: above the largest limit the API takes (10^12 bit/s of payload). */
+const PACER_MAX_BPS = 2e12;
+/**
+ * The least burst of a bucket's cutting tbf, which drops a packet larger than its burst that it
+ * cannot cut into segments: a jumbo frame's (9000 bytes and its header) passes whole.
+ */
+const PACER_LEAST_BURST = 9216;
+/** The least a bucket holds, whatever the rate: two of the largest packets it takes whole. */
+const PACER_LEAST_BYTES = 2 * PACER_LEAST_BURST;
 
 /**
  * A pacer: a veth pair whose `name` end sends at `rateBps` and whose peer receives what it sent,
@@ -146,19 +151,21 @@ function renderPacer(op: 'add' | 'del', link: LinkSpec): Rendered[] {
   const mac = pacerMac(link.name);
   const add = `link add ${link.name} mtu ${link.mtu} address ${mac} type veth peer name ${peer} mtu ${link.mtu} address ${mac}`;
   const check = new Checker(`ip ${add}`);
-  check.name('link name', link.name);
+  check.need(isPacerName(link.name), 'pacer name', link.name);
   check.name('peer name', peer);
   check.need(isUint(link.mtu, U32) && link.mtu > 0, 'mtu', link.mtu);
   const rate = link.rateBps;
   check.need(isUint(rate, PACER_MAX_BPS) && rate >= 8000, 'pacer rate (bit/s)', rate);
   check.cidr('peer address', link.peerAddress, 4);
   const bps = rate as number;
+  // The alias, which observe reads the rate back from, comes last: a pacer whose queue could not
+  // be made reads as one of unknown rate and is made again.
   return [
     {
       tool: 'ip',
       lines: [
         add,
-        `link set ${link.name} addrgenmode none arp off alias ${PACER_ALIAS}${bps}`,
+        `link set ${link.name} addrgenmode none arp off`,
         `link set ${peer} addrgenmode none`,
         `address add ${link.peerAddress} dev ${peer} noprefixroute`,
         `link set ${peer} up`,
@@ -166,6 +173,7 @@ function renderPacer(op: 'add' | 'del', link: LinkSpec): Rendered[] {
       ],
     },
     { tool: 'tc', lines: pacerQueueLines(link.name, bps) },
+    { tool: 'ip', lines: [`link set ${link.name} alias ${PACER_ALIAS}${bps}`] },
   ];
 }
 
@@ -196,14 +204,16 @@ const PACER_BUCKETS = 64;
  */
 function pacerQueueLines(dev: string, bps: number): string[] {
   const queue = Math.max(PACER_LEAST_BYTES, Math.round(((bps / 8) * PACER_QUEUE_MS) / 1000));
-  const cutBurst = Math.max(2 * 1514, Math.round(bps / 8 / 1000));
-  const share = Math.max(8000, Math.floor(bps / PACER_BUCKETS));
+  const cutBurst = Math.max(PACER_LEAST_BURST, Math.round(bps / 8 / 1000));
+  // Guaranteed rates add up to the parent's: a tenth for small packets, the rest in equal shares.
+  const small = Math.max(8000, Math.floor(bps / 10));
+  const share = Math.max(8000, Math.floor((bps - small) / PACER_BUCKETS));
   const bucket = (b: number) => (0x100 + b).toString(16);
   const hash = PACER_BUCKETS - 1;
   const lines = [
     `qdisc add dev ${dev} root handle 1: htb default ${bucket(0)}`,
     `class add dev ${dev} parent 1: classid 1:1 htb rate ${bps}bit ceil ${bps}bit`,
-    `class add dev ${dev} parent 1:1 classid 1:2 htb rate ${Math.max(8000, Math.floor(bps / 2))}bit ceil ${bps}bit prio 0`,
+    `class add dev ${dev} parent 1:1 classid 1:2 htb rate ${small}bit ceil ${bps}bit prio 0`,
     `qdisc add dev ${dev} parent 1:2 handle 2: pfifo limit 1000`,
   ];
   for (let b = 0; b < PACER_BUCKETS; b++) {
