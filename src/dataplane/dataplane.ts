@@ -54,7 +54,7 @@ import {
   type TransportKind,
 } from './plan.js';
 import { ProbeVerdicts, probeOnce } from './probe.js';
-import { forwardingProblems, hasNetAdmin } from './requirements.js';
+import { forwardingProblems, hasNetAdmin, pacingVerdict } from './requirements.js';
 import { FairShaper } from './shaper.js';
 import { SlotTable } from './slots.js';
 import {
@@ -1720,54 +1720,38 @@ export class DataPlane {
   }
 
   /**
-   * Whether this host lets a pacer's packets through (docs/dataplane.md, "Pacing a limited
-   * service's clients"), asked only while there is something to pace:
-   * - each paced packet is forwarded once (out of the pacer): only the families the host forwards
-   *   are paced (forwarding off is reported by forwardingProblems);
-   * - net.ipv4.conf.all.rp_filter strict (1) would drop them where they come back in: no route to
-   *   the client leads out of the pacer's peer. The agent does not loosen `all` for this;
-   * - TCP early demux would hand a client's packet to the agent's socket before routing, and the
-   *   kernel does not forward a packet that has a socket: net.ipv4.tcp_early_demux is set to 0
-   *   (docs/decisions.md §6; logged with its old value) and set back to 1 when nothing is paced
-   *   any more, or the data plane stops. A packet is routed by lookup meanwhile, not by its
-   *   socket's cached route. After a crash it stays 0.
-   * Without any of them nothing is paced; the reason is logged once, when it appears.
+   * The families whose limited services are paced (requirements.ts pacingVerdict), asked only
+   * while there is something to pace. net.ipv4.tcp_early_demux is set to 0 for it (docs/
+   * decisions.md §6; logged with its old value) and set back to 1 when nothing is paced any more,
+   * or the data plane stops; after a crash it stays 0. Why nothing is paced is logged once.
    */
   private async pacingAllowed(wanted: boolean): Promise<Set<4 | 6>> {
-    const none = new Set<4 | 6>();
     if (!wanted) {
       await this.restoreEarlyDemux();
       this.pacingProblem = null;
-      return none;
+      return new Set();
     }
     const { kernel, logger } = this.options;
-    const read = async (key: string) => (await kernel.readSysctl(key))?.trim();
-    const families = new Set<4 | 6>();
-    if ((await read('net.ipv4.ip_forward')) === '1') families.add(4);
-    if ((await read('net.ipv6.conf.all.forwarding')) === '1') families.add(6);
-    let reason: string | null = null;
-    if (families.size === 0) {
-      reason = 'forwarding is off: limited services are not paced';
-    } else if ((await read('net.ipv4.conf.all.rp_filter')) === '1') {
-      reason =
-        'net.ipv4.conf.all.rp_filter is 1 (strict): limited services are not paced (sysctl -w net.ipv4.conf.all.rp_filter=2)';
-    } else {
-      const demux = await read(EARLY_DEMUX);
-      if (demux === '1') {
-        try {
-          await kernel.writeSysctl(EARLY_DEMUX, '0');
-          this.earlyDemuxSet = true;
-          logger.info({ key: EARLY_DEMUX, was: '1', now: '0' }, 'set for pacing');
-        } catch (err) {
-          reason = `${EARLY_DEMUX} could not be set to 0 (${(err as Error).message}): limited services are not paced`;
-        }
-      } else if (demux !== '0') {
-        reason = `${EARLY_DEMUX} is missing: limited services are not paced`;
+    const verdict = pacingVerdict({
+      ipv4Forward: await kernel.readSysctl('net.ipv4.ip_forward'),
+      ipv6Forward: await kernel.readSysctl('net.ipv6.conf.all.forwarding'),
+      rpFilterAll: await kernel.readSysctl('net.ipv4.conf.all.rp_filter'),
+      earlyDemux: await kernel.readSysctl(EARLY_DEMUX),
+    });
+    let { families, reason } = verdict;
+    if (verdict.turnOffEarlyDemux) {
+      try {
+        await kernel.writeSysctl(EARLY_DEMUX, '0');
+        this.earlyDemuxSet = true;
+        logger.info({ key: EARLY_DEMUX, was: '1', now: '0' }, 'set for pacing');
+      } catch (err) {
+        reason = `${EARLY_DEMUX} could not be set to 0 (${(err as Error).message}): limited services are not paced`;
+        families = new Set();
       }
     }
     if (reason !== null && reason !== this.pacingProblem) logger.warn({ reason }, 'no pacing');
     this.pacingProblem = reason;
-    return reason === null ? families : none;
+    return families;
   }
 
   /** Sets net.ipv4.tcp_early_demux back to 1 if this agent set it to 0 (pacingAllowed). */

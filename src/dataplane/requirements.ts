@@ -70,3 +70,51 @@ export function forwardingProblems(values: {
   }
   return out;
 }
+
+/** What the host's settings allow of pacing (docs/dataplane.md, "Pacing a limited service's clients"). */
+export interface PacingVerdict {
+  /** The families whose clients' TCP may go through a pacer; none when `reason` is set. */
+  families: Set<4 | 6>;
+  /** Why nothing is paced, or null. */
+  reason: string | null;
+  /** net.ipv4.tcp_early_demux is 1 and must be set to 0 before anything is paced. */
+  turnOffEarlyDemux: boolean;
+}
+
+/**
+ * Whether the host lets a pacer's packets through, from its settings (read through the kernel
+ * port; null where a key is missing):
+ * - each paced packet is forwarded once, out of the pacer: only the families the host forwards;
+ * - strict reverse-path filtering on `all` would drop them where they come back in, at the
+ *   pacer's peer, out of which no route to the client leads; the agent does not loosen `all`;
+ * - TCP early demux would hand a client's packet to the agent's socket before routing, and the
+ *   kernel does not forward a packet that has a socket: it must be (or be set to) 0.
+ */
+export function pacingVerdict(values: {
+  ipv4Forward: string | null;
+  ipv6Forward: string | null;
+  rpFilterAll: string | null;
+  earlyDemux: string | null;
+}): PacingVerdict {
+  const families = new Set<4 | 6>();
+  if (values.ipv4Forward?.trim() === '1') families.add(4);
+  if (values.ipv6Forward?.trim() === '1') families.add(6);
+  const refuse = (reason: string): PacingVerdict => ({
+    families: new Set(),
+    reason,
+    turnOffEarlyDemux: false,
+  });
+  if (families.size === 0) return refuse('forwarding is off: limited services are not paced');
+  if (values.rpFilterAll?.trim() === '1') {
+    return refuse(
+      'net.ipv4.conf.all.rp_filter is 1 (strict): limited services are not paced (sysctl -w net.ipv4.conf.all.rp_filter=2)',
+    );
+  }
+  const demux = values.earlyDemux?.trim();
+  if (demux !== '0' && demux !== '1') {
+    return refuse(
+      `net.ipv4.tcp_early_demux is ${demux ?? 'missing'}, not 0 or 1: limited services are not paced`,
+    );
+  }
+  return { families, reason: null, turnOffEarlyDemux: demux === '1' };
+}
