@@ -203,10 +203,12 @@ describe('data plane: fully transparent services', { timeout: 600_000 }, () => {
 
   it("the destination logs the client's own address for TCP (IPv4 and IPv6); the exit shows mode transparent", async () => {
     assert.equal(await sourceSeen(IP.dest), IP.client);
+    // Once in four clean-clone runs on 2026-11-28 the IPv6 path was not up within 10 s (two
+    // curl attempts of 5 s); the cause is not known. The check is that it works, not how soon.
     await until(
       'IPv6 transparently',
       async () => assert.equal(await sourceSeen(IP.dest6), IP.client6),
-      10_000,
+      30_000,
     );
     const atExit = await get(exit, transparent);
     assert.equal(atExit.dataplane.exit_mode, 'transparent');
