@@ -20,6 +20,8 @@ export const pacerName = (slot: number): string => `${LINK_PREFIX}p${slot}`;
 /** The other end of a pacer's veth pair, named after the pacer. */
 export const pacerPeerName = (pacer: string): string =>
   `${LINK_PREFIX}q${pacer.slice(LINK_PREFIX.length + 1)}`;
+/** The pacer a peer end belongs to (pacerPeerName's inverse). */
+export const pacerOfPeer = (peer: string): string => `${LINK_PREFIX}p${peer.slice(LINK_PREFIX.length + 1)}`;
 export const isPacerName = (name: string): boolean => /^mesh-p\d+$/.test(name);
 export const isPacerPeerName = (name: string): boolean => /^mesh-q\d+$/.test(name);
 

@@ -33,7 +33,7 @@ import {
   type ParsedCidr,
   parseCidrLoose,
 } from './canonical.js';
-import { isOwnedPref, isOwnedTable, isPacerPeerName, LINK_PREFIX } from './ownership.js';
+import { isOwnedPref, isOwnedTable, isPacerPeerName, LINK_PREFIX, pacerOfPeer } from './ownership.js';
 import {
   type AddressSpec,
   type Family,
@@ -331,8 +331,7 @@ export class RecordingKernel implements KernelPort {
     // An interface's keys exist while the interface does; global ones only if the test set them.
     const iface = /^net\.ipv[46]\.conf\.([^.]+)\./.exec(key)?.[1];
     // A pacer's peer has no entry of its own: it exists with its pacer.
-    const link =
-      iface && isPacerPeerName(iface) ? `${LINK_PREFIX}p${iface.slice(LINK_PREFIX.length + 1)}` : iface;
+    const link = iface && isPacerPeerName(iface) ? pacerOfPeer(iface) : iface;
     const exists = link && !['all', 'default'].includes(link) ? this.links.has(link) : this.sysctls.has(key);
     if (!exists) throw new KernelError(`write ${path}`, 'ENOENT: no such file or directory');
     this.sysctls.set(key, value);
