@@ -178,9 +178,9 @@ describe('render', () => {
     ]) {
       assert.ok(tc.includes(want), want);
     }
-    // At 100 Mbit/s a bucket holds 10 ms of the rate.
+    // At 100 Mbit/s a bucket holds 10 ms of the rate and passes a TSO packet of up to 4 ms whole.
     const fast = renderChange({ op: 'add', link: { ...pacer, rateBps: 100_000_000 } });
-    assert.match(fast[1]!.lines[5]!, /tbf .* burst 12500 limit 125000$/);
+    assert.match(fast[1]!.lines[5]!, /tbf .* burst 50000 limit 125000$/);
     assert.deepStrictEqual(lines({ op: 'del', link: pacer }), ['ip link del mesh-p3']);
     assert.throws(
       () => renderChange({ op: 'add', link: { ...pacer, rateBps: 0 } }),

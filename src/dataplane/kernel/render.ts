@@ -130,6 +130,14 @@ const PACER_MAX_BPS = 2e12;
  * cannot cut into segments: a jumbo frame's (9000 bytes and its header) passes whole.
  */
 const PACER_LEAST_BURST = 9216;
+/**
+ * A bucket passes a packet of up to this long at the pacer's rate whole (and at least
+ * PACER_LEAST_BURST). A client's TCP sizes its TSO packets to about a millisecond of its pacing
+ * rate, which runs ahead of the limit while BBR probes: 16-25 KB at 100 Mbit/s. Cut into
+ * segments, each segment is a wakeup and a read of the agent's socket: the ingress took 75-79 % of
+ * a core at 100 Mbit/s, against 29-33 % with them whole (docs/dataplane.md).
+ */
+const PACER_WHOLE_MS = 4;
 /** The least a bucket holds, whatever the rate: two of the largest packets it takes whole. */
 const PACER_LEAST_BYTES = 2 * PACER_LEAST_BURST;
 
@@ -193,18 +201,19 @@ const PACER_BUCKETS = 64;
  * The pacer's queue, `tc` lines: htb at the rate. Small packets (under 256 bytes: SYNs, pure
  * ACKs, a small request) go first, so a request beside a bulk upload does not wait behind the
  * upload's queue. The rest are hashed by the client's port (bits 1-6: Linux hands out even ports
- * to connect()) into PACER_BUCKETS classes of equal priority, which htb serves in turn, one
- * segment each: flows share the rate fairly, as in SFQ (which this kernel, like many, lacks),
+ * to connect()) into PACER_BUCKETS classes of equal priority, which htb serves in turn, a
+ * packet each: flows share the rate fairly, as in SFQ (which this kernel, like many, lacks),
  * unless two land in one bucket. Each bucket queues PACER_QUEUE_MS of the rate, beyond which its
  * packets are dropped (its sender backs off, as behind any bottleneck). A bucket's FIFO is a tbf
- * well above the rate only for what tbf does on the way in: it cuts a TSO burst (up to 64 KiB in
- * one packet) into segments, so that its limit counts segments' bytes; htb does the pacing.
+ * well above the rate only for what tbf does on the way in: it cuts a TSO packet (up to 64 KiB)
+ * longer than PACER_WHOLE_MS into segments, so that no one packet holds the bucket or the rate
+ * for long; htb does the pacing.
  * Hashing assumes IP headers without options (TCP at byte 20, or 40 after IPv6's header): any
  * other packet still lands in some bucket.
  */
 function pacerQueueLines(dev: string, bps: number): string[] {
   const queue = Math.max(PACER_LEAST_BYTES, Math.round(((bps / 8) * PACER_QUEUE_MS) / 1000));
-  const cutBurst = Math.max(PACER_LEAST_BURST, Math.round(bps / 8 / 1000));
+  const cutBurst = Math.max(PACER_LEAST_BURST, Math.round(((bps / 8) * PACER_WHOLE_MS) / 1000));
   // Guaranteed rates add up to the parent's: a tenth for small packets, the rest in equal shares.
   const small = Math.max(8000, Math.floor(bps / 10));
   const share = Math.max(8000, Math.floor((bps - small) / PACER_BUCKETS));
