@@ -269,7 +269,8 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       }
       if (data) readyReasons.push(...data.missing.map((r) => `data plane: ${r}`));
       if (data?.dataplane) readyReasons.push(...data.dataplane.problems().map((r) => `data plane: ${r}`));
-      return { liveReasons, readyReasons };
+      const warnings = (data?.dataplane?.warnings() ?? []).map((w) => `data plane: ${w}`);
+      return { liveReasons, readyReasons, warnings };
     };
     // Webhooks deliver the log from the store alone; they start last (below) and stop first.
     const userAgent = `mesh-agent/${AGENT_VERSION}`;

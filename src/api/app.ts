@@ -56,6 +56,8 @@ export interface HealthReport {
   liveReasons: string[];
   /** Why it should not take traffic now (empty when ready). */
   readyReasons: string[];
+  /** What works less well than asked, though the agent is ready (/readyz `warnings`). */
+  warnings: string[];
 }
 
 export interface AppDeps {

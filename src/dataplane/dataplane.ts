@@ -910,6 +910,11 @@ export class DataPlane {
   }
 
   /** Why the data plane cannot carry what it should, if so (for /readyz). */
+  /** What works less well than asked though traffic flows: why limited services are not paced. */
+  warnings(): string[] {
+    return this.pacingProblem ? [this.pacingProblem] : [];
+  }
+
   problems(): string[] {
     return [
       ...(this.lastError ? [this.lastError] : []),
@@ -1745,7 +1750,7 @@ export class DataPlane {
         this.earlyDemuxSet = true;
         logger.info({ key: EARLY_DEMUX, was: '1', now: '0' }, 'set for pacing');
       } catch (err) {
-        reason = `${EARLY_DEMUX} could not be set to 0 (${(err as Error).message}): limited services are not paced`;
+        reason = `${EARLY_DEMUX} could not be set to 0 (${(err as Error).message}): limited services are not paced (set it before the agent starts: sysctl -w ${EARLY_DEMUX}=0)`;
         families = new Set();
       }
     }

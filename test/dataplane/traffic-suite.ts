@@ -576,6 +576,60 @@ export function trafficSuite(transport: 'tcp' | 'kcp', prefix: string, index: nu
       }
     });
 
+    it('says in /readyz why a limited service is not paced, stays ready, and paces again once it can', async () => {
+      const strict = 'net.ipv4.conf.all.rp_filter';
+      const was = (await topo.run(topo.ns.ingress, 'sysctl', ['-n', strict])).trim();
+      const paced = async () =>
+        /htb 1: dev mesh-p\d+/.test(await topo.run(topo.ns.ingress, 'tc', ['qdisc', 'show']));
+      /** /readyz of the ingress: its status and the warnings that name pacing. */
+      const readiness = async () => {
+        const res = await ingress.agent.client.get('/readyz');
+        const warnings = ((res.body as { warnings?: string[] }).warnings ?? []).filter((w) =>
+          w.includes('not paced'),
+        );
+        return { status: res.status, warnings, body: res.text };
+      };
+      const pacedWithoutWarning = (what: string) =>
+        until(
+          what,
+          async () => {
+            assert.ok(await paced());
+            assert.deepEqual((await readiness()).warnings, []);
+          },
+          20_000,
+        );
+      try {
+        await limit(10);
+        await pacedWithoutWarning('paced, without a warning');
+        // Strict reverse-path filtering on `all` would drop the pacer's packets where they come
+        // back in: the agent stops pacing and says why, with the command that fixes it.
+        await topo.run(topo.ns.ingress, 'sysctl', ['-qw', `${strict}=1`]);
+        await limit(12);
+        await until(
+          'the pacer gone and the reason in /readyz',
+          async () => {
+            const r = await readiness();
+            assert.equal(r.status, 200, `still ready: ${r.body}`);
+            assert.equal(r.warnings.length, 1, r.body);
+            assert.match(
+              r.warnings[0]!,
+              /^data plane: net\.ipv4\.conf\.all\.rp_filter is 1 \(strict\).*sysctl -w net\.ipv4\.conf\.all\.rp_filter=2/,
+            );
+            assert.equal(await paced(), false);
+          },
+          20_000,
+        );
+        // Unpaced, the service still carries its traffic.
+        assert.equal(await remoteSeen(IP.dest), IP.exitOut);
+        await topo.run(topo.ns.ingress, 'sysctl', ['-qw', `${strict}=${was}`]);
+        await limit(10);
+        await pacedWithoutWarning('paced again, the warning gone');
+      } finally {
+        await topo.run(topo.ns.ingress, 'sysctl', ['-qw', `${strict}=${was}`]);
+        await limit(0);
+      }
+    });
+
     it('honours priority and tie-breaks between two services; unmatched traffic stays out', async () => {
       // A second service to exit2 with a route that wins for one destination host only.
       const second = await service(ingress, { target_peer_id: exit2.peerId }, [

@@ -1,6 +1,7 @@
 /**
  * `/livez` and `/readyz`: public probes in the health shape, 503 with reasons when not ok. `/readyz`
- * may add `warnings` (license near or past expiry) to its body: they never make the agent unready.
+ * may add `warnings` (license near or past expiry, limited services not paced) to its body: they
+ * never make the agent unready.
  */
 import type { FastifyInstance } from 'fastify';
 import { isoTime } from '../../domain/clock.js';
@@ -17,7 +18,7 @@ export function registerHealthRoutes(app: FastifyInstance, deps: AppDeps): void 
       status: reasons.length === 0 ? 'ok' : 'unavailable',
       timestamp: isoTime(now),
     };
-    const warnings = which === 'ready' ? licenseWarnings(deps.store, now) : [];
+    const warnings = which === 'ready' ? [...licenseWarnings(deps.store, now), ...report.warnings] : [];
     const extra = warnings.length > 0 ? { warnings } : {};
     if (reasons.length === 0) return reply.code(200).send({ ...body, ...extra });
     return reply.code(503).send({ ...body, reasons, ...extra });
