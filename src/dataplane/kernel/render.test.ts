@@ -157,11 +157,12 @@ describe('render', () => {
       'class add dev mesh-p3 parent 1:1 classid 1:2 htb rate 1000000bit ceil 10000000bit prio 0',
       'qdisc add dev mesh-p3 parent 1:2 handle 2: pfifo limit 1000',
     ]);
-    const buckets = tc.filter((l) => / prio 1 quantum 1514$/.test(l));
+    // A bucket's quantum is the largest packet it passes whole (9216 bytes at 10 Mbit/s).
+    const buckets = tc.filter((l) => / prio 1 quantum 9216$/.test(l));
     assert.equal(buckets.length, 64);
     assert.equal(
       buckets[63],
-      'class add dev mesh-p3 parent 1:1 classid 1:13f htb rate 140625bit ceil 10000000bit prio 1 quantum 1514',
+      'class add dev mesh-p3 parent 1:1 classid 1:13f htb rate 140625bit ceil 10000000bit prio 1 quantum 9216',
     );
     assert.ok(
       tc.includes(
@@ -181,6 +182,10 @@ describe('render', () => {
     // At 100 Mbit/s a bucket holds 10 ms of the rate and passes a TSO packet of up to 4 ms whole.
     const fast = renderChange({ op: 'add', link: { ...pacer, rateBps: 100_000_000 } });
     assert.match(fast[1]!.lines[5]!, /tbf .* burst 50000 limit 125000$/);
+    assert.match(fast[1]!.lines[4]!, / quantum 50000$/);
+    // Above 131 Mbit/s 4 ms is more than any packet: the quantum stops at the largest, 64 KiB.
+    const faster = renderChange({ op: 'add', link: { ...pacer, rateBps: 1_000_000_000 } });
+    assert.match(faster[1]!.lines[4]!, / quantum 65664$/);
     assert.deepStrictEqual(lines({ op: 'del', link: pacer }), ['ip link del mesh-p3']);
     assert.throws(
       () => renderChange({ op: 'add', link: { ...pacer, rateBps: 0 } }),

@@ -133,11 +133,13 @@ const PACER_LEAST_BURST = 9216;
 /**
  * A bucket passes a packet of up to this long at the pacer's rate whole (and at least
  * PACER_LEAST_BURST). A client's TCP sizes its TSO packets to about a millisecond of its pacing
- * rate, which runs ahead of the limit while BBR probes: 16-25 KB at 100 Mbit/s. Cut into
- * segments, each segment is a wakeup and a read of the agent's socket: the ingress took 75-79 % of
- * a core at 100 Mbit/s, against 29-33 % with them whole (docs/dataplane.md).
+ * rate, which runs ahead of the limit while BBR probes; cut into segments, each segment is a
+ * wakeup, a read and a frame for the agent, which then needed about three times the CPU
+ * (docs/dataplane.md, "Why TSO packets pass whole").
  */
 const PACER_WHOLE_MS = 4;
+/** The largest packet a bucket sees: a TSO packet of 64 KiB and its headers. */
+const PACER_LARGEST_PACKET = 65_536 + 128;
 /** The least a bucket holds, whatever the rate: two of the largest packets it takes whole. */
 const PACER_LEAST_BYTES = 2 * PACER_LEAST_BURST;
 
@@ -201,9 +203,11 @@ const PACER_BUCKETS = 64;
  * The pacer's queue, `tc` lines: htb at the rate. Small packets (under 256 bytes: SYNs, pure
  * ACKs, a small request) go first, so a request beside a bulk upload does not wait behind the
  * upload's queue. The rest are hashed by the client's port (bits 1-6: Linux hands out even ports
- * to connect()) into PACER_BUCKETS classes of equal priority, which htb serves in turn, a
- * packet each: flows share the rate fairly, as in SFQ (which this kernel, like many, lacks),
- * unless two land in one bucket. Each bucket queues PACER_QUEUE_MS of the rate, beyond which its
+ * to connect()) into PACER_BUCKETS classes of equal priority, which htb serves in turn, each
+ * a quantum of bytes: flows share the rate fairly, as in SFQ (which this kernel, like many,
+ * lacks), unless two land in one bucket. htb lets a class send one packet per turn however far
+ * its quantum is overdrawn, so the quantum is the largest packet a bucket passes whole: smaller,
+ * a flow with bigger TSO packets (which TCP sizes from its own rate) would take more. Each bucket queues PACER_QUEUE_MS of the rate, beyond which its
  * packets are dropped (its sender backs off, as behind any bottleneck). A bucket's FIFO is a tbf
  * well above the rate only for what tbf does on the way in: it cuts a TSO packet (up to 64 KiB)
  * longer than PACER_WHOLE_MS into segments, so that no one packet holds the bucket or the rate
@@ -214,6 +218,7 @@ const PACER_BUCKETS = 64;
 function pacerQueueLines(dev: string, bps: number): string[] {
   const queue = Math.max(PACER_LEAST_BYTES, Math.round(((bps / 8) * PACER_QUEUE_MS) / 1000));
   const cutBurst = Math.max(PACER_LEAST_BURST, Math.round(((bps / 8) * PACER_WHOLE_MS) / 1000));
+  const quantum = Math.min(cutBurst, PACER_LARGEST_PACKET);
   // Guaranteed rates add up to the parent's: a tenth for small packets, the rest in equal shares.
   const small = Math.max(8000, Math.floor(bps / 10));
   const share = Math.max(8000, Math.floor((bps - small) / PACER_BUCKETS));
@@ -227,7 +232,7 @@ function pacerQueueLines(dev: string, bps: number): string[] {
   ];
   for (let b = 0; b < PACER_BUCKETS; b++) {
     lines.push(
-      `class add dev ${dev} parent 1:1 classid 1:${bucket(b)} htb rate ${share}bit ceil ${bps}bit prio 1 quantum 1514`,
+      `class add dev ${dev} parent 1:1 classid 1:${bucket(b)} htb rate ${share}bit ceil ${bps}bit prio 1 quantum ${quantum}`,
       `qdisc add dev ${dev} parent 1:${bucket(b)} handle ${bucket(b)}: tbf rate ${4 * bps}bit burst ${cutBurst} limit ${queue}`,
     );
   }
