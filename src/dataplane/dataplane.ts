@@ -909,12 +909,12 @@ export class DataPlane {
     return this.transparent.readyByService();
   }
 
-  /** Why the data plane cannot carry what it should, if so (for /readyz). */
   /** What works less well than asked though traffic flows: why limited services are not paced. */
   warnings(): string[] {
     return this.pacingProblem ? [this.pacingProblem] : [];
   }
 
+  /** Why the data plane cannot carry what it should, if so (for /readyz). */
   problems(): string[] {
     return [
       ...(this.lastError ? [this.lastError] : []),
@@ -1750,10 +1750,12 @@ export class DataPlane {
         this.earlyDemuxSet = true;
         logger.info({ key: EARLY_DEMUX, was: '1', now: '0' }, 'set for pacing');
       } catch (err) {
-        reason = `${EARLY_DEMUX} could not be set to 0 (${(err as Error).message}): limited services are not paced (set it before the agent starts: sysctl -w ${EARLY_DEMUX}=0)`;
+        reason = `${EARLY_DEMUX} could not be set to 0 (${(err as Error).message}): limited services are not paced (set ${EARLY_DEMUX} = 0 in /etc/sysctl.d; the agent reads it again within 10 s)`;
         families = new Set();
       }
     }
+    // Refused after this agent had turned early demux off (strict rp_filter since): back to 1.
+    if (families.size === 0) await this.restoreEarlyDemux();
     if (reason !== null && reason !== this.pacingProblem) logger.warn({ reason }, 'no pacing');
     this.pacingProblem = reason;
     return families;

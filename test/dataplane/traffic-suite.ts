@@ -589,12 +589,15 @@ export function trafficSuite(transport: 'tcp' | 'kcp', prefix: string, index: nu
         );
         return { status: res.status, warnings, body: res.text };
       };
+      const earlyDemux = async () =>
+        (await topo.run(topo.ns.ingress, 'sysctl', ['-n', 'net.ipv4.tcp_early_demux'])).trim();
       const pacedWithoutWarning = (what: string) =>
         until(
           what,
           async () => {
             assert.ok(await paced());
             assert.deepEqual((await readiness()).warnings, []);
+            assert.equal(await earlyDemux(), '0', 'early demux off while pacing');
           },
           20_000,
         );
@@ -616,6 +619,7 @@ export function trafficSuite(transport: 'tcp' | 'kcp', prefix: string, index: nu
               /^data plane: net\.ipv4\.conf\.all\.rp_filter is 1 \(strict\).*sysctl -w net\.ipv4\.conf\.all\.rp_filter=2/,
             );
             assert.equal(await paced(), false);
+            assert.equal(await earlyDemux(), '1', 'early demux back on: nothing is paced');
           },
           20_000,
         );
