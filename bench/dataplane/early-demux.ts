@@ -12,10 +12,12 @@
  *
  *   node dist/bench/dataplane/early-demux.js [--reps 4] [--seconds 5]
  */
+import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
-import { createService, meshNetnsUp, waitUp } from '../../test/helpers/mesh-netns.js';
+import { createService, meshNetnsUp, until, waitUp } from '../../test/helpers/mesh-netns.js';
 import { IP, spawnIn } from '../../test/helpers/netns-topology.js';
+import { median, range } from '../api/measure.js';
 
 const { values } = parseArgs({
   options: { reps: { type: 'string', default: '4' }, seconds: { type: 'string', default: '5' } },
@@ -35,13 +37,18 @@ function cpuJiffies(): { busy: number } {
   const [user = 0, nice = 0, system = 0, , , irq = 0, softirq = 0] = v;
   return { busy: user + nice + system + irq + softirq };
 }
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
 const mesh = await meshNetnsUp('mbed', 81);
 const { ingress, exit, topo } = mesh;
-const iperf = spawnIn(topo.ns.dest, 'iperf3', ['-s', '-p', String(IPERF)]);
 const figures = new Map<string, { gbps: number[]; cpuPerGb: number[] }>();
+let iperf: ReturnType<typeof spawnIn> | undefined;
 try {
+  iperf = spawnIn(topo.ns.dest, 'iperf3', ['-s', '-p', String(IPERF)]);
+  await until(
+    'iperf3 listening',
+    async () => assert.match(await topo.run(topo.ns.dest, 'ss', ['-Htln', `sport = :${IPERF}`]), /LISTEN/),
+    10_000,
+  );
   const id = await createService(ingress, { target_peer_id: exit.peerId, transport_type: 'tcp' }, [
     { priority: 100, dest_cidr: '10.91.2.0/24' },
   ]);
@@ -82,11 +89,13 @@ try {
     }
   }
 } finally {
-  iperf.kill();
+  iperf?.kill();
   await mesh.down();
 }
 
-console.log('| direction | early demux | Gbit/s median [min-max] | CPU s/GB (machine) | off ÷ on |');
+console.log(
+  '| direction | early demux | Gbit/s median [min-max] | CPU s/GB (machine) median [min-max] | off ÷ on |',
+);
 console.log('|---|---|---|---|---|');
 for (const direction of ['up', 'down']) {
   const on = figures.get(`${direction} 1`)!;
@@ -96,8 +105,6 @@ for (const direction of ['up', 'down']) {
     ['0 (while pacing)', off],
   ] as const) {
     const ratio = f === off ? `${(median(off.gbps) / median(on.gbps)).toFixed(2)}x` : '';
-    console.log(
-      `| ${direction} | ${label} | ${median(f.gbps).toFixed(2)} [${Math.min(...f.gbps).toFixed(2)}-${Math.max(...f.gbps).toFixed(2)}] | ${median(f.cpuPerGb).toFixed(2)} | ${ratio} |`,
-    );
+    console.log(`| ${direction} | ${label} | ${range(f.gbps, 2)} | ${range(f.cpuPerGb, 2)} | ${ratio} |`);
   }
 }
