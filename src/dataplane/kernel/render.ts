@@ -207,8 +207,9 @@ const PACER_BUCKETS = 64;
  * a quantum of bytes: flows share the rate fairly, as in SFQ (which this kernel, like many,
  * lacks), unless two land in one bucket. htb lets a class send one packet per turn however far
  * its quantum is overdrawn, so the quantum is the largest packet a bucket passes whole: smaller,
- * a flow with bigger TSO packets (which TCP sizes from its own rate) would take more. Each bucket queues PACER_QUEUE_MS of the rate, beyond which its
- * packets are dropped (its sender backs off, as behind any bottleneck). A bucket's FIFO is a tbf
+ * a flow with bigger TSO packets (which TCP sizes from its own rate) would take more. Each
+ * bucket queues PACER_QUEUE_MS of the rate, beyond which its packets are dropped (its sender
+ * backs off, as behind any bottleneck). A bucket's FIFO is a tbf
  * well above the rate only for what tbf does on the way in: it cuts a TSO packet (up to 64 KiB)
  * longer than PACER_WHOLE_MS into segments, so that no one packet holds the bucket or the rate
  * for long; htb does the pacing.
