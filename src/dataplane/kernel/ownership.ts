@@ -22,8 +22,10 @@ export const pacerPeerName = (pacer: string): string =>
   `${LINK_PREFIX}q${pacer.slice(LINK_PREFIX.length + 1)}`;
 /** The pacer a peer end belongs to (pacerPeerName's inverse). */
 export const pacerOfPeer = (peer: string): string => `${LINK_PREFIX}p${peer.slice(LINK_PREFIX.length + 1)}`;
-export const isPacerName = (name: string): boolean => /^mesh-p\d+$/.test(name);
-export const isPacerPeerName = (name: string): boolean => /^mesh-q\d+$/.test(name);
+const PACER = new RegExp(`^${LINK_PREFIX}p\\d+$`);
+const PACER_PEER = new RegExp(`^${LINK_PREFIX}q\\d+$`);
+export const isPacerName = (name: string): boolean => PACER.test(name);
+export const isPacerPeerName = (name: string): boolean => PACER_PEER.test(name);
 
 /**
  * A MACVLAN's hardware address: locally administered, unicast, and the same for a service every
