@@ -267,9 +267,10 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
           'this agent left the cluster (DELETE /v1/peers/self, final): it carries no traffic; to bring the host back, empty its data directory, bootstrap it and add it again',
         );
       }
-      if (data) readyReasons.push(...data.missing.map((r) => `data plane: ${r}`));
-      if (data?.dataplane) readyReasons.push(...data.dataplane.problems().map((r) => `data plane: ${r}`));
-      const warnings = (data?.dataplane?.warnings() ?? []).map((w) => `data plane: ${w}`);
+      const fromDataPlane = (r: string) => `data plane: ${r}`;
+      if (data) readyReasons.push(...data.missing.map(fromDataPlane));
+      if (data?.dataplane) readyReasons.push(...data.dataplane.problems().map(fromDataPlane));
+      const warnings = (data?.dataplane?.warnings() ?? []).map(fromDataPlane);
       return { liveReasons, readyReasons, warnings };
     };
     // Webhooks deliver the log from the store alone; they start last (below) and stop first.

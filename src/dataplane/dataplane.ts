@@ -48,6 +48,7 @@ import {
   type Plan,
   type PlanRoute,
   type PlanService,
+  pacedServices,
   parseAddress,
   plan,
   RouteMatcher,
@@ -965,19 +966,14 @@ export class DataPlane {
     const slots = this.slots.assign(ends.map((s) => s.id));
     const uplink = await this.uplink();
     // carriedServices names each service's other end, whose tunnel decides what is refused.
+    const carried = carriedServices({ localPeerId: view.localPeerId, services: view.services, slots });
     const unreachable = new Set(
-      carriedServices({ localPeerId: view.localPeerId, services: view.services, slots })
-        .filter((c) => this.tunnelOf(c)?.state !== 'up')
-        .map((c) => c.serviceId),
+      carried.filter((c) => this.tunnelOf(c)?.state !== 'up').map((c) => c.serviceId),
     );
     const peerIps = await this.peerIps(view.peers);
     this.lastPeerIps = peerIps;
-    const pacing = await this.pacingAllowed(
-      this.streams !== null &&
-        view.services.some(
-          (s) => s.isActive && s.sourcePeerId === view.localPeerId && (s.bandwidthLimitMbps ?? 0) > 0,
-        ),
-    );
+    const byId = new Map(view.services.map((s) => [s.id, s]));
+    const pacing = await this.pacingAllowed(this.streams !== null && pacedServices(carried, byId).length > 0);
     const next = plan({
       localPeerId: view.localPeerId,
       services: view.services,

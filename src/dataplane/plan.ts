@@ -489,7 +489,7 @@ const PACER_WIRE_PER_PAYLOAD = 1514 / 1448;
  * dataplane.md, "Pacing a limited service's clients"): those this agent is the ingress of, with a
  * bandwidth limit. The ingress limits what goes up.
  */
-function pacedServices(
+export function pacedServices(
   carried: readonly CarriedService[],
   byId: ReadonlyMap<string, PlanService>,
 ): CarriedService[] {
