@@ -8,9 +8,15 @@
  * with its route to the destination's subnet and `bandwidth_limit_mbps` R. Reference: two more
  * namespaces joined by a veth pair, `tbf rate R burst max(4 ms of R, 3 KB) latency 50ms` on both
  * egresses, the same server app on the far side. For each path, rate, direction and number of bulk
- * flows (`--flows`, 1 and 4): 30 pings and 20 requests idle, then the same beside that many bulk
- * transfers (curl, up or down, three times the rate asked between them) that saturate the limit; p50 and p99 of each, and what the load added (loaded minus idle,
- * p50 against p50 and p99 against p99). The ratio mesh over tbf of the loaded p99 is the figure.
+ * flows (`--flows`, 1 and 4): 150 pings 50 ms apart and 50 requests idle, then the same beside
+ * that many bulk transfers (curl, up or down, three times the rate asked between them) that
+ * saturate the limit; p50 and p99 of each, and what the load added (loaded minus idle, p50
+ * against p50 and p99 against p99). The ratio mesh over tbf of the loaded p99 is the figure.
+ *
+ * A third path is the mesh's floor: the same service with no limit, and bulk senders that keep
+ * themselves to the rate between them (curl's --limit-rate up, the server's pacing down), so no
+ * queue forms anywhere. What it adds is what carrying that rate through two agents costs on this
+ * machine, shaper or not; the limited mesh can only be judged above that.
  *
  * Then the end of a flow, per path and rate: a client writes as fast as its socket takes bytes
  * for 2 s and shuts its side (the `flood` app), three times; how long after its shutdown the
@@ -55,6 +61,7 @@ const exec = promisify(execFile);
 /** Runs a command in a namespace (the topology's runner, set once the mesh is up). */
 let run: Topology['run'];
 
+const PINGS = 150;
 const REF = { a: 'mbsl-ra', b: 'mbsl-rb', ipA: '10.92.0.1', ipB: '10.92.0.2' };
 interface Sample {
   pings: number[];
@@ -64,13 +71,16 @@ interface Sample {
 /** Pings and small requests (each its own connection) from `ns` to `host`, at once. */
 async function sample(ns: string, host: string): Promise<Sample> {
   const [pings, requests] = await Promise.all([
-    pingTimes(run, ns, host, 30),
-    requestTimes(run, ns, host, HTTP, 20),
+    pingTimes(run, ns, host, PINGS, 0.05),
+    requestTimes(run, ns, host, HTTP, 50, 0.05),
   ]);
   return { pings, requests };
 }
 
-/** `flows` bulk transfers, three times `mbps` between them, for `seconds`, up or down, at once. */
+/**
+ * `flows` bulk transfers, three times `mbps` between them, for `seconds`, up or down, at once;
+ * with `selfPaced` each sender keeps to its share of `mbps`.
+ */
 const bulk = (
   ns: string,
   host: string,
@@ -78,6 +88,7 @@ const bulk = (
   direction: 'up' | 'down',
   seconds: number,
   flows: number,
+  selfPaced: boolean,
 ) =>
   Promise.all(
     Array.from({ length: flows }, () =>
@@ -89,6 +100,7 @@ const bulk = (
         direction,
         Math.round(((3 * mbps * 1e6) / 8 / flows) * seconds),
         seconds,
+        selfPaced ? mbps / flows : undefined,
       ),
     ),
   );
@@ -133,10 +145,17 @@ interface Row {
   loaded: Sample;
 }
 
-async function measure(path: string, ns: string, host: string, mbps: number, rows: Row[]): Promise<void> {
+async function measure(
+  path: string,
+  ns: string,
+  host: string,
+  mbps: number,
+  rows: Row[],
+  selfPaced = false,
+): Promise<void> {
   for (const flows of FLOWS) {
     for (const direction of ['up', 'down'] as const) {
-      await measureOne(path, ns, host, mbps, flows, direction, rows);
+      await measureOne(path, ns, host, mbps, flows, direction, rows, selfPaced);
     }
   }
 }
@@ -149,16 +168,17 @@ async function measureOne(
   flows: number,
   direction: 'up' | 'down',
   rows: Row[],
+  selfPaced: boolean,
 ): Promise<void> {
   const idle = await sample(ns, host);
-  const running = bulk(ns, host, mbps, direction, 12, flows);
+  const running = bulk(ns, host, mbps, direction, 12, flows, selfPaced);
   await new Promise((r) => setTimeout(r, 1500));
   const loaded = await sample(ns, host);
   await running;
   rows.push({ path, mbps, flows, direction, idle, loaded });
   const show = (xs: number[]) => `${p50(xs).toFixed(1)}/${p99(xs).toFixed(1)}`;
   console.log(
-    `  ${path} ${mbps} Mbit/s ${direction} x${flows}: ping p50/p99 idle ${show(idle.pings)} loaded ${show(loaded.pings)} ms (${30 - loaded.pings.length} lost); HTTP idle ${show(idle.requests)} loaded ${show(loaded.requests)} ms`,
+    `  ${path} ${mbps} Mbit/s ${direction} x${flows}: ping p50/p99 idle ${show(idle.pings)} loaded ${show(loaded.pings)} ms (${PINGS - loaded.pings.length} lost); HTTP idle ${show(idle.requests)} loaded ${show(loaded.requests)} ms`,
   );
 }
 
@@ -228,6 +248,15 @@ async function main(): Promise<void> {
     await waitUp(id, ingress, exit);
     referenceDown = await referenceUp();
     const path = `mesh-${TRANSPORT}${UNDERLAY ? ' over tbf' : ''}`;
+    const limit = async (mbps: number) => {
+      const res = await ingress.agent.client.put(`/v1/services/${id}`, {
+        token: ingress.token,
+        json: { bandwidth_limit_mbps: mbps },
+      });
+      if (res.status !== 200) throw new Error(`limit: ${res.status} ${res.text}`);
+      await ingress.agent.client.post('/v1/cluster/sync', { token: ingress.token });
+      await exit.agent.client.post('/v1/cluster/sync', { token: exit.token });
+    };
     for (const mbps of RATES) {
       if (UNDERLAY) {
         await tbf(mbps, [
@@ -235,16 +264,14 @@ async function main(): Promise<void> {
           [topo.ns.exit, 'e1'],
         ]);
       } else {
-        const res = await ingress.agent.client.put(`/v1/services/${id}`, {
-          token: ingress.token,
-          json: { bandwidth_limit_mbps: mbps },
-        });
-        if (res.status !== 200) throw new Error(`limit: ${res.status} ${res.text}`);
-        await ingress.agent.client.post('/v1/cluster/sync', { token: ingress.token });
-        await exit.agent.client.post('/v1/cluster/sync', { token: exit.token });
+        await limit(mbps);
       }
       await measure(path, topo.ns.client, IP.dest, mbps, rows);
       await endOfFlow(path, topo.ns.client, IP.dest, mbps, closeRows);
+      if (!UNDERLAY) {
+        await limit(0);
+        await measure(`mesh-${TRANSPORT} floor`, topo.ns.client, IP.dest, mbps, rows, true);
+      }
       await tbf(mbps, [
         [REF.a, 'mbsl-va'],
         [REF.b, 'mbsl-vb'],

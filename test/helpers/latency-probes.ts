@@ -8,33 +8,46 @@ import type { Topology } from './netns-topology.js';
 
 type Run = Topology['run'];
 
-/** Round-trip times in ms of `count` pings 0.2 s apart; a lost one is missing from the list. */
-export async function pingTimes(run: Run, ns: string, host: string, count: number): Promise<number[]> {
+/**
+ * Round-trip times in ms of `count` pings `intervalS` apart (under 0.2 s needs root); a lost one
+ * is missing from the list.
+ */
+export async function pingTimes(
+  run: Run,
+  ns: string,
+  host: string,
+  count: number,
+  intervalS = 0.2,
+): Promise<number[]> {
   const out = await run(
     ns,
     'ping',
-    ['-c', String(count), '-i', '0.2', '-W', '2', host],
-    (count * 0.2 + 10) * 1000,
+    ['-c', String(count), '-i', String(intervalS), '-W', '2', host],
+    (count * intervalS + 10) * 1000,
   ).catch((e: Error) => e.message);
   return [...out.matchAll(/time=([\d.]+) ms/g)].map((m) => Number(m[1]));
 }
 
-/** Times in ms of `count` requests for 1,000 bytes, one at a time 0.2 s apart; a failure counts 5 s. */
+/**
+ * Times in ms of `count` requests for 1,000 bytes, one at a time with `pauseS` between them; a
+ * failure counts 5 s.
+ */
 export async function requestTimes(
   run: Run,
   ns: string,
   host: string,
   port: number,
   count: number,
+  pauseS = 0.2,
 ): Promise<number[]> {
   const out = await run(
     ns,
     'sh',
     [
       '-c',
-      `for i in $(seq 1 ${count}); do curl -sS -o /dev/null --max-time 5 -w '%{time_total}\\n' http://${host}:${port}/bytes?n=1000 || echo 5; sleep 0.2; done`,
+      `for i in $(seq 1 ${count}); do curl -sS -o /dev/null --max-time 5 -w '%{time_total}\\n' http://${host}:${port}/bytes?n=1000 || echo 5; sleep ${pauseS}; done`,
     ],
-    (count * 5.2 + 10) * 1000,
+    (count * (5 + pauseS) + 10) * 1000,
   );
   return out
     .trim()
@@ -42,7 +55,11 @@ export async function requestTimes(
     .map((line) => Number(line) * 1000);
 }
 
-/** A transfer of `bytes` up (to /sink) or down (from /bytes), cut at `seconds`; resolves when it ends. */
+/**
+ * A transfer of `bytes` up (to /sink) or down (from /bytes), cut at `seconds`; resolves when it
+ * ends. With `senderMbps` the sending side keeps itself to that rate (curl's --limit-rate up, the
+ * server's own pacing down), so nothing between them needs to queue.
+ */
 export function bulkTransfer(
   run: Run,
   ns: string,
@@ -51,11 +68,12 @@ export function bulkTransfer(
   direction: 'up' | 'down',
   bytes: number,
   seconds: number,
+  senderMbps?: number,
 ): Promise<string> {
   const cmd =
     direction === 'down'
-      ? `curl -sS -o /dev/null --max-time ${seconds} http://${host}:${port}/bytes?n=${bytes}`
-      : `head -c ${bytes} /dev/zero | curl -sS -o /dev/null --max-time ${seconds} -T - http://${host}:${port}/sink`;
+      ? `curl -sS -o /dev/null --max-time ${seconds} 'http://${host}:${port}/bytes?n=${bytes}${senderMbps ? `&mbps=${senderMbps}` : ''}'`
+      : `head -c ${bytes} /dev/zero | curl -sS -o /dev/null ${senderMbps ? `--limit-rate ${Math.round((senderMbps * 1e6) / 8)} ` : ''}--max-time ${seconds} -T - http://${host}:${port}/sink`;
   // curl exits 28 when --max-time ends it, as meant.
   return run(ns, 'sh', ['-c', `${cmd}; true`], (seconds + 10) * 1000);
 }

@@ -3,7 +3,7 @@
  * dist/test/helpers/netns-apps.js CMD ...`):
  * - `serve PORT_HTTP PORT_UDP`: the destination. HTTP on [::] (dual stack): `/` answers the
  *   client address it saw and prints `remote <addr> <path>` to stdout (its own log); `/bytes?n=N` sends
- *   N bytes of the test stream (see streamBlock); `/stall` sends its headers and one line, then
+ *   N bytes of the test stream (see streamBlock), with `&mbps=R` no faster than R Mbit/s; `/stall` sends its headers and one line, then
  *   nothing more until the client goes (a connection on which the client only waits); a POST
  *   to `/sink` answers the number of body bytes it read. A UDP echo on PORT_UDP. Two raw TCP
  *   servers: on PORT_HTTP+1 one that reads to the client's FIN and then answers `got <n>` and
@@ -58,11 +58,18 @@ function serve(httpPort: number, udpPort: number): void {
     const url = new URL(req.url ?? '/', 'http://x');
     if (url.pathname === '/bytes') {
       const n = Number(url.searchParams.get('n') ?? '0');
+      const bytesPerMs = (Number(url.searchParams.get('mbps') ?? '0') * 1e6) / 8 / 1000;
       res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': String(n) });
+      const start = performance.now();
       let i = 0;
       let left = n;
       const pump = () => {
         while (left > 0) {
+          const aheadMs = bytesPerMs > 0 ? (n - left) / bytesPerMs - (performance.now() - start) : 0;
+          if (aheadMs >= 1) {
+            setTimeout(pump, aheadMs);
+            return;
+          }
           const b = streamBlock(i++);
           const chunk = left >= BLOCK ? b : b.subarray(0, left);
           left -= chunk.length;
