@@ -576,7 +576,7 @@ export function trafficSuite(transport: 'tcp' | 'kcp', prefix: string, index: nu
       }
     });
 
-    it('says in /readyz why a limited service is not paced, stays ready, and paces again once it can', async () => {
+    it('says in /readyz why a limited service is not paced (strict rp_filter, read-only /proc/sys), stays ready, and paces again once it can', async () => {
       const strict = 'net.ipv4.conf.all.rp_filter';
       const was = (await topo.run(topo.ns.ingress, 'sysctl', ['-n', strict])).trim();
       const paced = async () =>
@@ -601,6 +601,22 @@ export function trafficSuite(transport: 'tcp' | 'kcp', prefix: string, index: nu
           },
           20_000,
         );
+      /** Not paced, still ready with `warning`, early demux on, and the service still carries traffic. */
+      const unpacedSaying = async (what: string, warning: RegExp) => {
+        await until(
+          what,
+          async () => {
+            const r = await readiness();
+            assert.equal(r.status, 200, `still ready: ${r.body}`);
+            assert.equal(r.warnings.length, 1, r.body);
+            assert.match(r.warnings[0]!, warning);
+            assert.equal(await paced(), false);
+            assert.equal(await earlyDemux(), '1', 'early demux on: nothing is paced');
+          },
+          20_000,
+        );
+        assert.equal(await remoteSeen(IP.dest), IP.exitOut);
+      };
       try {
         await limit(10);
         await pacedWithoutWarning('paced, without a warning');
@@ -608,26 +624,33 @@ export function trafficSuite(transport: 'tcp' | 'kcp', prefix: string, index: nu
         // back in: the agent stops pacing and says why, with the command that fixes it.
         await topo.run(topo.ns.ingress, 'sysctl', ['-qw', `${strict}=1`]);
         await limit(12);
-        await until(
+        await unpacedSaying(
           'the pacer gone and the reason in /readyz',
-          async () => {
-            const r = await readiness();
-            assert.equal(r.status, 200, `still ready: ${r.body}`);
-            assert.equal(r.warnings.length, 1, r.body);
-            assert.match(
-              r.warnings[0]!,
-              /^data plane: net\.ipv4\.conf\.all\.rp_filter is 1 \(strict\).*sysctl -w net\.ipv4\.conf\.all\.rp_filter=2/,
-            );
-            assert.equal(await paced(), false);
-            assert.equal(await earlyDemux(), '1', 'early demux back on: nothing is paced');
-          },
-          20_000,
+          /^data plane: net\.ipv4\.conf\.all\.rp_filter is 1 \(strict\).*sysctl -w net\.ipv4\.conf\.all\.rp_filter=2/,
         );
-        // Unpaced, the service still carries its traffic.
-        assert.equal(await remoteSeen(IP.dest), IP.exitOut);
         await topo.run(topo.ns.ingress, 'sysctl', ['-qw', `${strict}=${was}`]);
         await limit(10);
         await pacedWithoutWarning('paced again, the warning gone');
+
+        // A read-only /proc/sys, as deploy/mesh-agent.service's ProtectKernelTunables makes it
+        // (a read-only bind mount in the agent's mount namespace): early demux cannot be turned
+        // off, so nothing is paced, and the warning says where to set it instead.
+        await limit(0);
+        await until('early demux back on', async () => assert.equal(await earlyDemux(), '1'), 20_000);
+        const inAgentMounts = (script: string) =>
+          topo.run(topo.ns.ingress, 'nsenter', ['-t', String(ingress.agent.pid), '-m', 'sh', '-c', script]);
+        await inAgentMounts('mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys');
+        try {
+          await limit(10);
+          await unpacedSaying(
+            'the read-only /proc/sys in /readyz',
+            /^data plane: net\.ipv4\.tcp_early_demux could not be set to 0 \(.*read-only file system.*\): limited services are not paced \(set net\.ipv4\.tcp_early_demux = 0 in \/etc\/sysctl\.d/,
+          );
+        } finally {
+          await inAgentMounts('umount /proc/sys');
+        }
+        await limit(12);
+        await pacedWithoutWarning('paced once /proc/sys is writable again');
       } finally {
         await topo.run(topo.ns.ingress, 'sysctl', ['-qw', `${strict}=${was}`]);
         await limit(0);
