@@ -8,10 +8,7 @@ import type { Topology } from './netns-topology.js';
 
 type Run = Topology['run'];
 
-/**
- * Round-trip times in ms of `count` pings `intervalS` apart (under 0.2 s needs root); a lost one
- * is missing from the list.
- */
+/** Round-trip times in ms of `count` pings `intervalS` apart; a lost one is missing from the list. */
 export async function pingTimes(
   run: Run,
   ns: string,

@@ -3,8 +3,8 @@
  * dist/test/helpers/netns-apps.js CMD ...`):
  * - `serve PORT_HTTP PORT_UDP`: the destination. HTTP on [::] (dual stack): `/` answers the
  *   client address it saw and prints `remote <addr> <path>` to stdout (its own log);
- *   `/bytes?n=N` sends N bytes of the test stream (see streamBlock), with `&mbps=R` no faster
- *   than R Mbit/s; `/stall` sends its headers and one line, then
+ *   `/bytes?n=N` sends N bytes of the test stream (see streamBlock), with `&mbps=R` at R Mbit/s
+ *   (one 64 KiB block at most ahead); `/stall` sends its headers and one line, then
  *   nothing more until the client goes (a connection on which the client only waits); a POST
  *   to `/sink` answers the number of body bytes it read. A UDP echo on PORT_UDP. Two raw TCP
  *   servers: on PORT_HTTP+1 one that reads to the client's FIN and then answers `got <n>` and
@@ -61,15 +61,23 @@ function serve(httpPort: number, udpPort: number): void {
       const n = Number(url.searchParams.get('n') ?? '0');
       const bytesPerMs = (Number(url.searchParams.get('mbps') ?? '0') * 1e6) / 8 / 1000;
       res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': String(n) });
-      const start = performance.now();
+      // Paced: what was sent stays within R x the time since `start`, plus one block. `start`
+      // moves up after a stall, so a late timer never lets out more than that at once.
+      let start = performance.now();
+      let timer: NodeJS.Timeout | undefined;
+      res.once('close', () => clearTimeout(timer));
       let i = 0;
       let left = n;
       const pump = () => {
         while (left > 0) {
-          const aheadMs = bytesPerMs > 0 ? (n - left) / bytesPerMs - (performance.now() - start) : 0;
-          if (aheadMs >= 1) {
-            setTimeout(pump, aheadMs);
-            return;
+          if (bytesPerMs > 0) {
+            const now = performance.now();
+            start = Math.max(start, now - (n - left + BLOCK) / bytesPerMs);
+            const aheadMs = (n - left) / bytesPerMs - (now - start);
+            if (aheadMs >= 1) {
+              timer = setTimeout(pump, aheadMs);
+              return;
+            }
           }
           const b = streamBlock(i++);
           const chunk = left >= BLOCK ? b : b.subarray(0, left);
