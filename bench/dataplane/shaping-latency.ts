@@ -15,7 +15,7 @@
  *
  * A third path is the mesh's floor: the same service with no limit, and bulk senders that keep
  * themselves to the rate between them (curl's --limit-rate up, the server's pacing down), so no
- * queue forms anywhere. What it adds is what carrying that rate through two agents costs on this
+ * shaper keeps a queue (on average: curl's limiter overshoots in its first second). What it adds is what carrying that rate through two agents costs on this
  * machine, shaper or not; the limited mesh can only be judged above that.
  *
  * Then the end of a flow, per path and rate: a client writes as fast as its socket takes bytes
