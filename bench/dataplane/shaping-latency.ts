@@ -15,8 +15,9 @@
  *
  * A third path is the mesh's floor: the same service with no limit, and bulk senders that keep
  * themselves to the rate between them (curl's --limit-rate up, the server's pacing down), so no
- * shaper keeps a queue (on average: curl's limiter overshoots in its first second). What it adds is what carrying that rate through two agents costs on this
- * machine, shaper or not; the limited mesh can only be judged above that.
+ * shaper keeps a queue (on average: curl's limiter overshoots in its first second). What it
+ * adds is what carrying that rate through two agents costs on this machine, shaper or not; the
+ * limited mesh can only be judged above that.
  *
  * Then the end of a flow, per path and rate: a client writes as fast as its socket takes bytes
  * for 2 s and shuts its side (the `flood` app), three times; how long after its shutdown the
@@ -256,6 +257,17 @@ async function main(): Promise<void> {
       if (res.status !== 200) throw new Error(`limit: ${res.status} ${res.text}`);
       await ingress.agent.client.post('/v1/cluster/sync', { token: ingress.token });
       await exit.agent.client.post('/v1/cluster/sync', { token: exit.token });
+      // The idle sample starts once the pacer is in place (or gone), not while it changes.
+      await until(
+        mbps > 0 ? 'the pacer in place' : 'the pacer gone',
+        async () => {
+          const paced = /htb 1: dev mesh-p\d+/.test(
+            await run(topo.ns.ingress, 'tc', ['qdisc', 'show'], 5_000),
+          );
+          if (paced !== mbps > 0) throw new Error(paced ? 'still paced' : 'not paced yet');
+        },
+        20_000,
+      );
     };
     for (const mbps of RATES) {
       if (UNDERLAY) {

@@ -55,7 +55,7 @@ export async function requestTimes(
 /**
  * A transfer of `bytes` up (to /sink) or down (from /bytes), cut at `seconds`; resolves when it
  * ends. With `senderMbps` the sending side keeps itself to that rate (curl's --limit-rate up, the
- * server's own pacing down), so nothing between them needs to queue.
+ * server's own pacing down), so no shaper between them needs to keep a queue.
  */
 export function bulkTransfer(
   run: Run,

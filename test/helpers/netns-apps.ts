@@ -4,7 +4,7 @@
  * - `serve PORT_HTTP PORT_UDP`: the destination. HTTP on [::] (dual stack): `/` answers the
  *   client address it saw and prints `remote <addr> <path>` to stdout (its own log);
  *   `/bytes?n=N` sends N bytes of the test stream (see streamBlock), with `&mbps=R` at R Mbit/s
- *   (one 64 KiB block at most ahead); `/stall` sends its headers and one line, then
+ *   (never more than one 64 KiB block behind, so a stall brings no burst); `/stall` sends its headers and one line, then
  *   nothing more until the client goes (a connection on which the client only waits); a POST
  *   to `/sink` answers the number of body bytes it read. A UDP echo on PORT_UDP. Two raw TCP
  *   servers: on PORT_HTTP+1 one that reads to the client's FIN and then answers `got <n>` and
